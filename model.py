@@ -1,0 +1,437 @@
+"""
+A GPT language model whose attention block is chosen by one flag.
+
+    attention = 'sa'      softmax self-attention (the baseline)
+                'linear'  linear self-attention, the softmax removed      [IA] Eq. 1
+                'hfa_v1'  HyperFeatureAttention, plain values             [IA] Def 5.1
+                'hfa_v2'  HyperFeatureAttention, Hadamard-product values  [IA] Def E.2
+                'ha'      HyperAttention (order 3 by default)             [IA] Def 6.1, F.1
+
+[IA] M. Ustaomeroglu, G. Qu, "A Theoretical Study of (Hyper) Self-Attention through
+the Lens of Interactions", ICML 2025, arXiv 2506.06179. Their "HyperAttention" is a
+higher-order attention, not the LSH long-context method of Han et al. (ICLR 2024).
+
+Layout: a layer is a few groups of heads (`Heads` subclasses, one per variant) whose
+outputs are concatenated and mixed by one output projection W_O (`Attention`). Every
+group owns one fused input projection that produces its query/key/value streams, so
+the shared machinery (projection, head split, KV cache, masks, W_O) is written once
+and each variant only says how its heads mix keys into values.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from hyperattention import hyper_attention, hyper_attention_reference
+
+ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304     # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True           # biases in Linear and LayerNorm layers, as GPT-2
+    attention: str = 'sa'       # one of ATTENTIONS, for every layer...
+    attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
+    head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
+    causal: bool = True         # False only for the set-to-set experiments, never for an LM
+    softmax: bool = True        # False drops the softmax of hfa/ha (their "linear" forms)
+    linear_norm: bool = False   # linear: divide by the number of visible keys (i + 1)
+    hfa_order: int = 2          # A, the number of score factors multiplied together
+    n_hfa_head: int = -1        # -1: every head is HFA; else that many HFA heads, the rest SA
+    hfa_kron: str = 'auto'      # 'auto' | 'on' | 'off': lifted-query SDPA path for HFA
+    ha_order: int = 3           # n: n - 1 keys per score
+    ha_share_kv: bool = False   # K2 = K1 and V2 = V1 (the weight-shared HA)
+    ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
+    ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
+
+    def __post_init__(self):
+        for kind in self.layer_attentions():
+            if kind not in ATTENTIONS:
+                raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(ATTENTIONS)}")
+        if self.attn_layers and len(self.layer_attentions()) != self.n_layer:
+            raise ValueError(f"attn_layers names {len(self.layer_attentions())} layers "
+                             f"but n_layer={self.n_layer}; give one variant per layer")
+        if not self.head_dim and self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                             f"change one of them or set head_dim")
+        if self.n_hfa_head > self.n_head:
+            raise ValueError(f"n_hfa_head={self.n_hfa_head} exceeds n_head={self.n_head}")
+        if self.hfa_order < 1 or self.ha_order < 2:
+            raise ValueError("hfa_order must be >= 1 and ha_order >= 2")
+        if self.hfa_kron not in ('auto', 'on', 'off'):
+            raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
+
+    def layer_attentions(self):
+        if self.attn_layers:
+            return [s.strip() for s in self.attn_layers.split(',')]
+        return [self.attention] * self.n_layer
+
+    @property
+    def dh(self):
+        return self.head_dim or self.n_embd // self.n_head
+
+    @classmethod
+    def from_dict(cls, d):
+        """Build from a dict that may hold other keys (a training config, an old checkpoint)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# -----------------------------------------------------------------------------
+# masks: which key positions a query position may read
+
+def visible(n_q, n_k, offset, causal, window, device):
+    """Bool (n_q, n_k). Query i sits at absolute position offset + i, key j at j.
+    Causal: j <= offset + i; a window w > 0 also requires offset + i - j < w."""
+    i = torch.arange(n_q, device=device)[:, None] + offset
+    j = torch.arange(n_k, device=device)[None, :]
+    if not causal:
+        return torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    m = j <= i
+    if window:
+        m = m & (i - j < window)
+    return m
+
+
+def mean_visible(T, causal, window=0):
+    """Number of keys a query sees, averaged over the T positions of a sequence."""
+    if not causal:
+        return float(T)
+    return sum(min(i + 1, window or T) for i in range(T)) / T
+
+
+# -----------------------------------------------------------------------------
+# groups of heads: one class per variant
+
+class Heads(nn.Module):
+    """A group of heads with one fused input projection x -> (queries, keys, values).
+
+    Subclasses set how many query, key and value streams a head has and implement
+    `mix(q, k, v, offset)`: q is (n_q, B, H, Tq, dh), k (n_k, B, H, Tk, dh), v
+    (n_v, B, H, Tk, dh); it returns (B, H, Tq, dh). Queries sit at positions
+    offset..offset+Tq-1, keys at 0..Tk-1 (Tk > Tq when decoding from a cache).
+    """
+    n_q, n_k, n_v = 1, 1, 1
+
+    def __init__(self, cfg, n_heads):
+        super().__init__()
+        self.cfg, self.h, self.dh = cfg, n_heads, cfg.dh
+        self.n_streams = self.n_q + self.n_k + self.n_v
+        self.c_attn = nn.Linear(cfg.n_embd, self.n_streams * n_heads * self.dh, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x, kv=None, offset=0):
+        B, T, _ = x.shape
+        s = self.c_attn(x).view(B, T, self.n_streams, self.h, self.dh).permute(2, 0, 3, 1, 4)
+        q, k, v = s.split([self.n_q, self.n_k, self.n_v])
+        if kv is not None:  # decoding: append this step's keys and values to the cache
+            if 'k' in kv:
+                k, v = torch.cat([kv['k'], k], dim=3), torch.cat([kv['v'], v], dim=3)
+            kv['k'], kv['v'] = k, v
+        return self.mix(q, k, v, offset)
+
+    def mask(self, q, k, offset, window=0):
+        return visible(q.size(-2), k.size(-2), offset, self.cfg.causal, window, q.device)
+
+    def weights_dropout(self, w):
+        return F.dropout(w, self.dropout, self.training) if self.dropout else w
+
+    def mix_flops(self, T):
+        """Forward FLOPs per token, per head, of mixing keys into values (no projections)."""
+        raise NotImplementedError
+
+
+class SoftmaxHeads(Heads):
+    """Softmax self-attention: head_i = sum_{j<=i} softmax_j(q_i . k_j / sqrt(dh)) v_j.
+    Fused kernels through torch's scaled_dot_product_attention."""
+
+    def mix(self, q, k, v, offset):
+        q, k, v = q[0], k[0], v[0]
+        drop = self.dropout if self.training else 0.0
+        if not self.cfg.causal or (q.size(-2) == 1 and offset == k.size(-2) - 1):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        if q.size(-2) == k.size(-2):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(q, k, offset), dropout_p=drop)
+
+    def mix_flops(self, T):
+        return 4 * self.dh * mean_visible(T, self.cfg.causal)
+
+
+class LinearHeads(Heads):
+    """Linear self-attention [IA Eq. 1]: the softmax removed, nothing else,
+        head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
+    Our choice (SPEC 1.2): with linear_norm=True the sum is divided by the number of
+    visible keys (i + 1), which keeps activations O(1) for long contexts; off by default."""
+
+    def mix(self, q, k, v, offset):
+        q, k, v = q[0], k[0], v[0]
+        m = self.mask(q, k, offset)
+        w = (q @ k.transpose(-2, -1)) * self.dh ** -0.5 * m
+        if self.cfg.linear_norm:
+            w = w / m.sum(-1, keepdim=True)
+        return self.weights_dropout(w) @ v
+
+    def mix_flops(self, T):
+        return 4 * self.dh * mean_visible(T, self.cfg.causal)
+
+
+class HFAHeads(Heads):
+    """HyperFeatureAttention [IA Def 5.1, Def E.2], A = hfa_order factors per head:
+        scores = prod_a (Q_a K_a^T / sqrt(dh))        (product of logits, never of probabilities)
+        head   = softmax(causal_mask(scores)) V       (one softmax, after the product)
+    hfa_v1: V = X W_V (one value projection).   hfa_v2: V = prod_a X W_V^(a) (Hadamard).
+    Our choice: each factor is scaled by 1/sqrt(dh) so the product has unit-order variance
+    at initialisation ([IA] writes no scaling).
+
+    Fast path: (Q1 K1^T) * (Q2 K2^T) = (Q1 (x) Q2)(K1 (x) K2)^T with (x) the row-wise
+    Kronecker product, so HFA is exactly SDPA on lifted queries/keys of width dh^A:
+    memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto')."""
+    kron_max_width = 256
+
+    def __init__(self, cfg, n_heads, values_product):
+        A = cfg.hfa_order
+        self.n_q, self.n_k, self.n_v = A, A, (A if values_product else 1)
+        super().__init__(cfg, n_heads)
+        self.use_kron = cfg.softmax and (cfg.hfa_kron == 'on' or (
+            cfg.hfa_kron == 'auto' and self.dh ** A <= self.kron_max_width))
+
+    def mix(self, q, k, v, offset):
+        v = v.prod(0)  # hfa_v1: the only value stream; hfa_v2: the Hadamard product
+        if self.use_kron:
+            return self.mix_kron(q, k, v, offset)
+        w = (q @ k.transpose(-2, -1)).prod(0) * self.dh ** (-0.5 * len(q))
+        m = self.mask(q[0], k[0], offset)
+        if self.cfg.softmax:
+            w = torch.softmax(w.masked_fill(~m, float('-inf')), dim=-1)
+        else:
+            w = w * m
+        return self.weights_dropout(w) @ v
+
+    def mix_kron(self, q, k, v, offset):
+        ql, kl = lift(q), lift(k)
+        scale = self.dh ** (-0.5 * len(q))
+        drop = self.dropout if self.training else 0.0
+        if self.cfg.causal and ql.size(-2) == kl.size(-2):
+            return F.scaled_dot_product_attention(ql, kl, v, dropout_p=drop, is_causal=True, scale=scale)
+        m = self.mask(ql, kl, offset) if self.cfg.causal else None
+        return F.scaled_dot_product_attention(ql, kl, v, attn_mask=m, dropout_p=drop, scale=scale)
+
+    def mix_flops(self, T):
+        A = self.n_q  # A score matmuls, A - 1 elementwise products, one value matmul
+        return (2 * A * self.dh + (A - 1) + 2 * self.dh) * mean_visible(T, self.cfg.causal)
+
+
+def lift(x):
+    """Row-wise Kronecker product of the A streams: (A, ..., dh) -> (..., dh^A)."""
+    out = x[0]
+    for xa in x[1:]:
+        out = (out.unsqueeze(-1) * xa.unsqueeze(-2)).flatten(-2)
+    return out
+
+
+class HAHeads(Heads):
+    """HyperAttention of order n = ha_order [IA Def 6.1, App. F]; for n = 3, per head:
+        logit[i, j1, j2] = sum_s Q[i,s] K1[j1,s] K2[j2,s] / sqrt(dh)       (trilinear)
+        A[i]             = softmax over all pairs (j1, j2) with j1 <= i and j2 <= i
+        head[i]          = sum_{j1,j2} A[i, j1, j2] V1[j1] * V2[j2]         (elementwise)
+    Order n: n - 1 keys, one joint softmax over (n-1)-tuples, value = product of n - 1 values.
+    Our choices (SPEC 1.4): the causal rule above (ordered pairs, position 0 sees only (0, 0));
+    [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
+    windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
+    (2-simplicial attention, Roy et al. 2025). Order 3 runs blockwise with an online softmax
+    (hyperattention.py): no T x T x T tensor. Order >= 4 uses the materialising reference."""
+
+    def __init__(self, cfg, n_heads):
+        self.n_k = self.n_v = 1 if cfg.ha_share_kv else cfg.ha_order - 1
+        super().__init__(cfg, n_heads)
+
+    def mix(self, q, k, v, offset):
+        c, n = self.cfg, self.cfg.ha_order - 1
+        if c.ha_share_kv:  # the same key and value stream in every slot
+            k, v = k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])
+        if n == 2:
+            return hyper_attention(q[0], k[0], k[1], v[0], v[1], offset=offset, causal=c.causal,
+                                   window1=c.ha_window1, window2=c.ha_window2, softmax=c.softmax)
+        masks = [self.mask(q[0], k[0], offset)] * n
+        return hyper_attention_reference(q[0], list(k), list(v), masks, softmax=c.softmax)
+
+    def mix_flops(self, T):
+        c, n = self.cfg, self.cfg.ha_order - 1
+        windows = [c.ha_window1, c.ha_window2] + [0] * (n - 2)
+        tuples = sum(math.prod(min(i + 1, w or T) if c.causal else T for w in windows[:n])
+                     for i in range(T)) / T
+        return 4 * self.dh * tuples  # logits and values: about 2 dh FLOPs each per tuple
+
+
+class Attention(nn.Module):
+    """One attention layer: its groups of heads, concatenated, then W_O.
+    A layer has one group, except HFA with n_hfa_head < n_head: SA heads + HFA heads."""
+
+    def __init__(self, cfg, kind):
+        super().__init__()
+        H = cfg.n_head
+        if kind == 'sa':
+            groups = [SoftmaxHeads(cfg, H)]
+        elif kind == 'linear':
+            groups = [LinearHeads(cfg, H)]
+        elif kind in ('hfa_v1', 'hfa_v2'):
+            n_hfa = H if cfg.n_hfa_head < 0 else cfg.n_hfa_head
+            groups = [SoftmaxHeads(cfg, H - n_hfa)] if n_hfa < H else []
+            groups += [HFAHeads(cfg, n_hfa, values_product=kind == 'hfa_v2')] if n_hfa else []
+        elif kind == 'ha':
+            groups = [HAHeads(cfg, H)]
+        else:
+            raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(ATTENTIONS)}")
+        self.groups = nn.ModuleList(groups)
+        self.c_proj = nn.Linear(H * cfg.dh, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, kv=None, offset=0):
+        B, T, _ = x.shape
+        y = torch.cat([g(x, None if kv is None else kv.setdefault(i, {}), offset)
+                       for i, g in enumerate(self.groups)], dim=1)  # (B, H, T, dh)
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        return self.resid_dropout(self.c_proj(y))
+
+    def mix_flops(self, T):
+        return sum(g.h * g.mix_flops(T) for g in self.groups)
+
+
+def make_attention(cfg, kind=None):
+    """A stand-alone attention layer (B, T, n_embd) -> (B, T, n_embd), e.g. for experiments."""
+    return Attention(cfg, kind or cfg.attention)
+
+
+# -----------------------------------------------------------------------------
+# the transformer
+
+class MLP(nn.Module):
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, cfg, kind):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = Attention(cfg, kind)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, kv=None, offset=0):
+        x = x + self.attn(self.ln_1(x), kv, offset)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer and head group."""
+
+    def __init__(self, n_layer):
+        self.pos = 0
+        self.layers = [{} for _ in range(n_layer)]
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, kind) for kind in config.layer_attentions()]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying, as GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: residual projections scaled by depth
+            if name.endswith('c_proj.weight'):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; the position embedding is left out by default, as nanoGPT
+        (the token embedding is tied to lm_head, so it is counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, T=None):
+        """Training FLOPs (forward + backward = 3 x forward) per token at context T:
+        6 per weight of every matmul (lm_head included) plus 3 x the attention mixing."""
+        T = T or self.config.block_size
+        matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        mixing = sum(block.attn.mix_flops(T) for block in self.transformer.h)
+        return 6 * matmul + 3 * mixing
+
+    def forward(self, idx, targets=None, cache=None):
+        B, T = idx.shape
+        offset = cache.pos if cache is not None else 0
+        if offset + T > self.config.block_size:
+            raise ValueError(f"sequence of length {offset + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(offset, offset + T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, None if cache is None else cache.layers[i], offset)
+        x = self.transformer.ln_f(x)
+        if cache is not None:
+            cache.pos += T
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        else:  # inference: only the last position is needed
+            logits, loss = self.lm_head(x[:, [-1], :]), None
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; weight decay on 2-D weights (matmuls, embeddings) only, not on biases and norms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        fused = device_type == 'cuda'
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Sample max_new_tokens continuations of idx (B, T). With use_cache, keys and values
+        are kept between steps while the sequence fits in block_size; past that the context
+        is cropped to the last block_size tokens and recomputed, as without a cache."""
+        cache = KVCache(self.config.n_layer) if use_cache else None
+        for _ in range(max_new_tokens):
+            if cache is not None and idx.size(1) <= self.config.block_size:
+                logits, _ = self(idx[:, cache.pos:], cache=cache)
+            else:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float('inf')
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+        return idx
