@@ -1,0 +1,62 @@
+"""Small helpers shared by the interaction experiments: seeding, results.json, figures."""
+import json
+import os
+import time
+
+import matplotlib
+matplotlib.use("Agg")  # headless: figures only ever go to files
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def seed_all(seed):
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def to_jsonable(x):
+    """Tensors and numpy scalars -> plain python, recursively."""
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return x
+
+
+def save_results(out, results):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.json")
+    with open(path, "w") as f:
+        json.dump(to_jsonable(results), f, indent=2)
+    return path
+
+
+def savefig(fig, out, name, dpi=90):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+class Timer:
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
+
+
+def mean_std(xs):
+    xs = np.asarray(xs, dtype=float)
+    return {"mean": float(xs.mean()), "std": float(xs.std(ddof=1)) if len(xs) > 1 else 0.0,
+            "values": xs.tolist()}

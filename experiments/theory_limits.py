@@ -1,0 +1,263 @@
+"""Where the theory's guarantees stop: non-versatile data and the genotype-phenotype task.
+
+[IA] Ustaomeroglu & Qu, ICML 2025: Section 4 (versatility), App. B.2 (genotype-phenotype).
+SPEC section 3. Model throughout: one linear self-attention layer over one-hot tokens,
+y_hat_i = sum_j Ct[s_i, s_j] Wt[s_j] = sum_j M[s_i, s_j]  (see colliding_agents.py).
+
+(a) Versatility. Linear SA is linear in M, and for an element mu the data constrain the row
+M[mu, :] only through the count vectors c(seq) of the sequences that contain mu. [IA] needs
+these to span R^N ("versatile"). If every training sequence holds the SAME multiset S, each row
+sees one count vector, so there is a large null space: two parameter sets can both fit the
+training set exactly and still disagree on held-out sequences. We show it twice:
+  - algebraically: the min-norm least-squares M, and min-norm + a null-space direction;
+  - by training: two (C, W_V) trained from different initialisations to zero train error.
+The target is a generic pairwise interaction y_i = sum_j F[s_i, s_j], F ~ N(0, 1) (N x N),
+which one linear SA layer represents exactly (C = F, W_V = 1). The control uses random
+multisets (uniform with replacement): both solutions then agree on held-out data.
+
+(b) Genotype-phenotype ([IA] App. B.2; the SPEC is silent on the exact target, so ours is):
+  - N alleles; a sequence is L DISTINCT alleles (each allele at most once), uniform;
+  - a random activation dictionary D: allele mu has a list D(mu) of 1..k_max other alleles, or
+    an empty list (n_always of them) meaning "always active";
+  - target per position: y_i = 1 if D(s_i) is empty or some allele of D(s_i) is in the
+    sequence, else 0.
+Models, trained at one length L_train and tested at other lengths:
+  - 'linear_sa':      y_hat = (X C X^T) X W_V,                     W_V: N x 1
+  - 'linear_sa_relu': y_hat = a^T ReLU((X C X^T) X W_V + b) + a0,  W_V: N x m (a ReLU dense layer)
+Why linear SA fails: with alleles at most once and fixed length, every count vector c has
+c_mu = 1 and sum(c) = L_train, so the row M[mu, :] is only known up to t (1 - L_train e_mu).
+An always-active allele needs sum_j M[mu, s_j] = 1 at every length; the fitted row mixes
+e_mu (right) with 1 / L_train (wrong elsewhere). The ReLU can saturate instead ("any present").
+"""
+import argparse
+
+import torch
+
+from experiments.colliding_agents import LinearSA, pair_index, train
+from experiments.common import Timer, save_results, savefig, seed_all, plt
+
+# -----------------------------------------------------------------------------
+# (a) non-versatile data
+
+
+def pairwise_target(s, F):
+    return F[s[:, :, None], s[:, None, :]].sum(-1)
+
+
+def design(s, N):
+    """Phi[(b, i), s_i * N + nu] = count of nu in sequence b: y_hat = Phi @ vec(M)."""
+    B, L = s.shape
+    counts = torch.zeros(B, N, dtype=torch.float64).scatter_add_(
+        1, s, torch.ones(B, L, dtype=torch.float64))
+    Phi = torch.zeros(B * L, N * N, dtype=torch.float64)
+    rows = torch.arange(B * L)
+    cols = s.reshape(-1, 1) * N + torch.arange(N)
+    Phi[rows[:, None], cols] = counts.repeat_interleave(L, dim=0)
+    return Phi
+
+
+def fixed_multiset_data(B, S, gen):
+    """Every sequence is a shuffle of the same multiset S."""
+    S = torch.as_tensor(S)
+    return torch.stack([S[torch.randperm(len(S), generator=gen)] for _ in range(B)])
+
+
+def versatility(args, gen):
+    N, L = args.N_a, args.L_a
+    F = torch.randn(N, N, generator=gen, dtype=torch.float64)
+    test_s = torch.randint(0, N, (args.B_test, L), generator=gen)
+    test_y = pairwise_target(test_s, F)
+    S = torch.randint(0, N, (L,), generator=gen)  # one multiset for the whole training set
+    sets = {"same_multiset": fixed_multiset_data(args.B_a, S, gen),
+            "random_multisets": torch.randint(0, N, (args.B_a, L), generator=gen)}
+    out = {"multiset": S.tolist()}
+    for name, s in sets.items():
+        y = pairwise_target(s, F)
+        # algebra: min-norm solution, then add a unit null-space direction of the design
+        Phi = design(s, N)
+        M0 = torch.linalg.pinv(Phi) @ y.reshape(-1)
+        _, sv, Vh = torch.linalg.svd(Phi, full_matrices=True)
+        rank = int((sv > 1e-8 * sv[0]).sum())
+        null = Vh[rank:]  # basis of the null space (empty if versatile)
+        M1 = M0 + (null[0] * args.null_scale if len(null) else 0)
+        alg = {}
+        for tag, M in [("min_norm", M0), ("min_norm_plus_null", M1)]:
+            pred_tr = (Phi @ M).reshape(y.shape)
+            pred_te = (design(test_s, N) @ M).reshape(test_y.shape)
+            alg[tag] = {"train_mse": ((pred_tr - y) ** 2).mean().item(),
+                        "test_mse": ((pred_te - test_y) ** 2).mean().item()}
+        # training: two inits, same data, same optimiser
+        models = []
+        for k in range(2):
+            m = LinearSA(torch.eye(N, dtype=torch.float64))
+            if k == 1:  # a second, randomly perturbed theory-style init
+                with torch.no_grad():
+                    m.C.add_(args.init_scale * torch.randn(N, N, generator=gen, dtype=torch.float64))
+            train(m, s, y, args.steps_a)
+            models.append(m)
+        with torch.no_grad():
+            tr = [((m(s) - y) ** 2).mean().item() for m in models]
+            te = [((m(test_s) - test_y) ** 2).mean().item() for m in models]
+            gap = ((models[0](test_s) - models[1](test_s)) ** 2).mean().item()
+        out[name] = {"design_rank": rank, "n_params_M": N * N, "null_dim": N * N - rank,
+                     "algebraic": alg,
+                     "trained": {"train_mse": tr, "test_mse": te, "heldout_disagreement_msd": gap}}
+        print(f"(a) {name:17s} rank {rank}/{N * N}  trained: train {tr[0]:.1e},{tr[1]:.1e} "
+              f"test {te[0]:.2e},{te[1]:.2e}  disagreement {gap:.2e}", flush=True)
+    out["target_var_test"] = test_y.var().item()
+    return out
+
+# -----------------------------------------------------------------------------
+# (b) genotype-phenotype
+
+
+def activation_dictionary(N, n_always, k_max, gen):
+    """D[mu] = list of activators of mu (never mu itself); the first n_always lists are empty."""
+    D = []
+    for mu in range(N):
+        if mu < n_always:
+            D.append([])
+            continue
+        k = int(torch.randint(1, k_max + 1, (1,), generator=gen))
+        others = torch.tensor([a for a in range(N) if a != mu])
+        D.append(others[torch.randperm(N - 1, generator=gen)[:k]].tolist())
+    return D
+
+
+def genotype_data(B, L, N, D, gen):
+    s = torch.stack([torch.randperm(N, generator=gen)[:L] for _ in range(B)])
+    present = torch.zeros(B, N, dtype=torch.bool).scatter_(1, s, True)
+    A = torch.zeros(N, N, dtype=torch.bool)  # A[mu, nu]: nu activates mu
+    for mu, acts in enumerate(D):
+        A[mu, acts] = True
+    always = torch.tensor([len(acts) == 0 for acts in D])
+    active = always[None, :] | (present.double() @ A.double().T > 0)  # (B, N): is mu active
+    y = torch.gather(active, 1, s).double()
+    return s, y
+
+
+class LinearSAReLU(torch.nn.Module):
+    """y_hat = a^T ReLU((X C X^T) X W_V + b) + a0, one-hot X: linear SA then a ReLU dense layer."""
+
+    def __init__(self, N, m, gen):
+        super().__init__()
+        dt = torch.float64
+        self.C = torch.nn.Parameter(0.01 * torch.randn(N, N, generator=gen, dtype=dt))
+        self.W = torch.nn.Parameter(1 + 0.1 * torch.randn(N, m, generator=gen, dtype=dt))
+        self.b = torch.nn.Parameter(torch.rand(m, generator=gen, dtype=dt) * 2 - 1)
+        self.a = torch.nn.Parameter(torch.randn(m, generator=gen, dtype=dt) / m ** 0.5)
+        self.a0 = torch.nn.Parameter(torch.zeros((), dtype=dt))
+
+    def forward(self, s):
+        A = self.C[s[:, :, None], s[:, None, :]]           # (B, L, L) gather trick, P = I
+        h = A @ self.W[s]                                    # (B, L, m)
+        return torch.relu(h + self.b) @ self.a + self.a0
+
+
+def train_adam(model, s, y, steps, lr):
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    for _ in range(steps):
+        loss = ((model(s) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def split_mse(model, s, y, n_always):
+    err = (model(s) - y) ** 2
+    always = s < n_always
+    return {"all": err.mean().item(),
+            "always_active": err[always].mean().item() if always.any() else None,
+            "others": err[~always].mean().item()}
+
+
+def genotype(args, gen):
+    N, lengths = args.N_b, [int(x) for x in args.test_lengths_b.split(",")]
+    out = {}
+    for n_always in (0, args.n_always):
+        D = activation_dictionary(N, n_always, args.k_max, gen)
+        s, y = genotype_data(args.B_b, args.L_b, N, D, gen)
+        tests = {L: genotype_data(args.B_test, L, N, D, gen) for L in lengths}
+        runs = {}
+        for name in ("linear_sa", "linear_sa_relu"):
+            with Timer() as t:
+                if name == "linear_sa":
+                    model = LinearSA(torch.eye(N, dtype=torch.float64))
+                    train(model, s, y, args.steps_b_lbfgs)
+                else:
+                    model = LinearSAReLU(N, args.hidden, gen)
+                    train_adam(model, s, y, args.steps_b_adam, args.lr_b)
+            runs[name] = {"train": split_mse(model, s, y, n_always),
+                          "test": {str(L): split_mse(model, *tests[L], n_always) for L in lengths},
+                          "seconds": round(t.seconds, 2)}
+            r = runs[name]
+            print(f"(b) always-active={n_always} {name:15s} train {r['train']['all']:.1e} test "
+                  + " ".join(f"L{L}:{v['all']:.1e}" for L, v in r["test"].items()), flush=True)
+        out[f"n_always_{n_always}"] = {"dictionary": D, "runs": runs,
+                                       "fraction_active_train": y.mean().item()}
+    return out
+
+
+def figure(gp, args):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (key, res) in zip(axes, gp.items()):
+        for name, r in res["runs"].items():
+            Ls = [int(L) for L in r["test"]]
+            ax.semilogy(Ls, [max(v["all"], 1e-12) for v in r["test"].values()], "o-", label=name)
+            if r["test"][str(Ls[0])]["always_active"] is not None:
+                ax.semilogy(Ls, [max(v["always_active"], 1e-12) for v in r["test"].values()],
+                            "x--", label=f"{name} (always-active tokens)")
+        ax.axvline(args.L_b, color="gray", lw=0.8)
+        ax.set_title(f"genotype-phenotype, {key.replace('_', ' ')}")
+        ax.set_xlabel("test length L (train length marked)")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("test MSE")
+    return fig
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--N_a", type=int, default=12, help="(a) vocabulary size")
+    p.add_argument("--L_a", type=int, default=6)
+    p.add_argument("--B_a", type=int, default=300)
+    p.add_argument("--steps_a", type=int, default=300)
+    p.add_argument("--init_scale", type=float, default=0.5, help="(a) C(0) noise of the 2nd model")
+    p.add_argument("--null_scale", type=float, default=3.0, help="(a) size of the null direction")
+    p.add_argument("--N_b", type=int, default=24, help="(b) number of alleles")
+    p.add_argument("--L_b", type=int, default=6, help="(b) training length")
+    p.add_argument("--B_b", type=int, default=4000)
+    p.add_argument("--test_lengths_b", default="2,3,4,6,8,10,12,16")
+    p.add_argument("--n_always", type=int, default=2)
+    p.add_argument("--k_max", type=int, default=2, help="(b) activators per allele: 1..k_max")
+    p.add_argument("--hidden", type=int, default=8, help="(b) ReLU units")
+    p.add_argument("--steps_b_lbfgs", type=int, default=300)
+    p.add_argument("--steps_b_adam", type=int, default=3000)
+    p.add_argument("--lr_b", type=float, default=0.02)
+    p.add_argument("--B_test", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default="results/theory_limits")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.N_a, args.L_a, args.B_a, args.steps_a = 6, 3, 60, 80
+        args.N_b, args.L_b, args.B_b, args.B_test = 10, 4, 200, 100
+        args.test_lengths_b, args.steps_b_lbfgs, args.steps_b_adam = "2,4,6", 30, 60
+        torch.set_num_threads(1)  # tiny tensors: threads only add overhead
+    gen = seed_all(args.seed)
+    results = {"config": vars(args).copy(),
+               "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "
+                            "ReLU model: full-batch Adam, cosine decay",
+               "versatility": versatility(args, gen)}
+    gp = genotype(args, gen)
+    results["genotype_phenotype"] = gp
+    savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png")
+    save_results(args.out, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
