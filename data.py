@@ -125,14 +125,14 @@ def write_bin(ds, path, n_tokens, batches=1024):
 
 
 def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1,
-            hf_id='Skylion007/openwebtext', sample_by=None):
-    """Tokenize a source into data/<name>/{train,val}.bin + meta.json. Returns the folder."""
+            hf_id='Skylion007/openwebtext', sample_by=None, root=DATA):
+    """Tokenize a source into <root>/<name>/{train,val}.bin + meta.json. Returns the folder."""
     ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by)
     enc = tok.get(tokenizer, ds['text'] if tokenizer == 'char' else None)
     if enc.vocab_size > 2 ** 16:
         raise UserError(f"vocabulary of {enc.vocab_size} does not fit uint16 token files")
     splits = split_documents(ds, val_fraction)
-    out = DATA / name
+    out = Path(root) / name
     out.mkdir(parents=True, exist_ok=True)
     meta = {**enc.meta(), 'source': str(source)}
     written = []

@@ -379,10 +379,12 @@ while True:
         loss_sum += loss.item()
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
-    bad = torch.tensor([0.0 if math.isfinite(loss_sum) and torch.isfinite(norm) else 1.0], device=norm.device)
-    if ddp:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every process takes the same decision
-    if bad.item() and dtype != 'float16':  # float16: the grad scaler already skips such steps
+    finite = math.isfinite(loss_sum) and bool(torch.isfinite(norm))
+    stats = torch.tensor([loss_sum if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64, device=norm.device)
+    if ddp:  # the mean loss over all processes, and one decision for all of them
+        dist.all_reduce(stats)
+    loss_sum = stats[0].item() / world_size if finite else loss_sum
+    if stats[1].item() and dtype != 'float16':  # float16: the grad scaler already skips such steps
         if not skip_nonfinite:
             raise UserError(f"non-finite loss or gradient at iteration {iter_num} (loss {loss_sum}); "
                             f"the last good checkpoint {ckpt_path} is untouched; lower learning_rate, "

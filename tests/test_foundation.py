@@ -1,0 +1,291 @@
+"""The foundation: tokenizer, data preparation, configuration, model basics, training,
+DDP equivalence, resume and sampling. Tiny sizes throughout."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import configurator
+import data
+import tokenizer as tok
+from errors import UserError
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+        "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 40
+ENV = {**os.environ, 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': '1'}
+
+
+def run(args, check=True, timeout=300):
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode:
+        raise AssertionError(f"{args} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+@pytest.fixture(scope='module')
+def char_data(tmp_path_factory):
+    """A character dataset written the way prepare writes it."""
+    d = tmp_path_factory.mktemp('tiny_char')
+    enc = tok.CharTokenizer.from_text([TEXT])
+    ids = np.array(enc.encode(TEXT), dtype=np.uint16)
+    cut = int(0.9 * len(ids))
+    ids[:cut].tofile(d / 'train.bin')
+    ids[cut:].tofile(d / 'val.bin')
+    (d / 'meta.json').write_text(json.dumps(enc.meta()))
+    return d
+
+
+def tiny_args(data_dir, out_dir, **kw):
+    cfg = dict(data_dir=data_dir, out_dir=out_dir, device='cpu', n_layer=2, n_head=2, n_embd=32, block_size=16,
+               batch_size=4, gradient_accumulation_steps=2, max_iters=8, lr_decay_iters=8, warmup_iters=2,
+               eval_interval=4, eval_iters=2, log_interval=1, learning_rate=3e-3, dropout=0.0)
+    cfg.update(kw)
+    return ['train.py'] + [f'--{k}={v}' for k, v in cfg.items()]
+
+
+def read_jsonl(path):
+    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+
+
+# -- tokenizer and data ---------------------------------------------------------------
+
+def test_gpt2_tokenizer_offline_ids_of_known_string():
+    enc = tok.GPT2Tokenizer()
+    assert enc.encode("Hello world") == [15496, 995]
+    assert enc.encode_document("Hello world") == [15496, 995, 50256]
+    assert enc.vocab_size == 50257
+    assert enc.decode([15496, 995]) == "Hello world"
+    ranks = tok.ensure_gpt2_ranks()
+    assert tok.sha256(ranks.read_bytes()) == tok.R50K_SHA256
+
+
+def test_prepare_text_file_char(tmp_path):
+    src = tmp_path / 'corpus.txt'
+    src.write_text(TEXT)
+    out = data.prepare(str(src), 'c', 'char', val_fraction=0.1, root=tmp_path)
+    meta = data.read_meta(out)
+    train = np.fromfile(out / 'train.bin', dtype=np.uint16)
+    val = np.fromfile(out / 'val.bin', dtype=np.uint16)
+    assert meta['train_tokens'] == len(train) and meta['val_tokens'] == len(val)
+    enc = tok.from_meta(meta)
+    # every paragraph lands whole in one split; together they hold all the text's characters
+    decoded = enc.decode(train.tolist()) + enc.decode(val.tolist())
+    assert sorted(decoded) == sorted(''.join(p for p in TEXT.split('\n\n') if p.strip()))
+    assert (out / 'meta.pkl').exists()  # nanoGPT's layout for character data
+
+
+def test_prepare_jsonl_gpt2(tmp_path):
+    src = tmp_path / 'docs.jsonl'
+    docs = [f"Document number {i}. " + "The quick brown fox. " * (i % 5 + 1) for i in range(30)]
+    src.write_text(''.join(json.dumps({'text': d, 'id': i}) + '\n' for i, d in enumerate(docs)))
+    out = data.prepare(str(src), 'j', 'gpt2', val_fraction=0.1, root=tmp_path)
+    train = np.fromfile(out / 'train.bin', dtype=np.uint16)
+    val = np.fromfile(out / 'val.bin', dtype=np.uint16)
+    assert (train == 50256).sum() + (val == 50256).sum() == len(docs)  # one end-of-text per document
+    assert (val == 50256).sum() == 3
+    enc = tok.GPT2Tokenizer()
+    assert sum(len(enc.encode_document(d)) for d in docs) == len(train) + len(val)
+
+
+def test_prepare_parquet_and_folder(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({'text': ['alpha beta', 'gamma delta', 'epsilon']}), tmp_path / 'p.parquet')
+    out = data.prepare(str(tmp_path / 'p.parquet'), 'p', 'char', val_fraction=0.34, root=tmp_path)
+    assert data.read_meta(out)['train_tokens'] + data.read_meta(out)['val_tokens'] == len('alpha betagamma deltaepsilon')
+    folder = tmp_path / 'texts'
+    folder.mkdir()
+    for i in range(4):
+        (folder / f'{i}.txt').write_text(f"text file {i}\n\nsecond paragraph {i}\n")
+    out = data.prepare(str(folder), 'f', 'char', val_fraction=0.25, root=tmp_path)
+    assert data.read_meta(out)['val_tokens'] == len("text file 0\n\nsecond paragraph 0\n")
+
+
+def test_prepare_missing_source_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match='does not exist'):
+        data.prepare(str(tmp_path / 'nope.txt'), 'x', 'char', root=tmp_path)
+
+
+def test_nanogpt_meta_pkl_is_read_without_running_code(tmp_path):
+    import pickle
+    (tmp_path / 'meta.pkl').write_bytes(pickle.dumps({'vocab_size': 3, 'itos': {0: 'a', 1: 'b', 2: 'c'},
+                                                     'stoi': {'a': 0, 'b': 1, 'c': 2}}))
+    meta = data.read_meta(tmp_path)
+    assert tok.from_meta(meta).decode([2, 0]) == 'ca'
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ('echo pwned',))
+    (tmp_path / 'meta.pkl').write_bytes(pickle.dumps({'vocab_size': 3, 'x': Evil()}))
+    with pytest.raises(UserError, match='not a plain metadata pickle'):
+        data.read_meta(tmp_path)
+
+
+# -- configuration --------------------------------------------------------------------
+
+DEFAULTS = {'learning_rate': 6e-4, 'max_iters': 100, 'compile': False, 'wandb_run_name': 'gpt2', 'out_dir': 'out'}
+
+
+def test_config_overrides_and_types(tmp_path):
+    f = tmp_path / 'c.py'
+    f.write_text("import math\nmax_iters = 7\nlearning_rate = 1\n")
+    cfg = configurator.load(DEFAULTS, [str(f), '--compile=True', '--wandb_run_name=a=b=c', '--out_dir=x,y'])
+    assert cfg['max_iters'] == 7
+    assert cfg['learning_rate'] == 1.0 and isinstance(cfg['learning_rate'], float)  # int where float: fine
+    assert cfg['compile'] is True
+    assert cfg['wandb_run_name'] == 'a=b=c'  # a value may contain '='
+    assert cfg['out_dir'] == 'x,y'
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--max_iter=3'], "unknown config key 'max_iter'; did you mean max_iters"),
+    (['--max_iters=3.5'], 'max_iters expects int'),
+    (['--compile=yes'], 'compile expects bool'),
+    (['--max_iters'], 'needs a value'),
+    (['no_such_file.py'], 'not found'),
+])
+def test_config_errors(argv, message):
+    with pytest.raises(UserError, match=message.replace('(', r'\(')):
+        configurator.load(DEFAULTS, argv)
+
+
+# -- model ----------------------------------------------------------------------------
+
+def tiny_model(**kw):
+    torch.manual_seed(0)
+    cfg = dict(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+    cfg.update(kw)
+    return GPT(GPTConfig(**cfg))
+
+
+def test_shapes_and_initial_loss_near_log_vocab():
+    model = tiny_model()
+    idx, targets = torch.randint(0, 50, (2, 8, 16))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (8, 16, 50)  # every position when targets are given
+    assert abs(loss.item() - math.log(50)) < 0.1  # near-uniform predictions at initialisation
+    logits, loss = model(idx)
+    assert logits.shape == (8, 1, 50) and loss is None  # only the last position at inference
+
+
+def test_unknown_attention_lists_valid_ones():
+    with pytest.raises(ValueError, match="unknown attention 'softmax'; valid: sa, linear, hfa_v1, hfa_v2, ha"):
+        GPTConfig(attention='softmax')
+
+
+def test_sa_is_causal():
+    model = tiny_model().eval()
+    idx = torch.randint(0, 50, (1, 16))
+    logits = model(idx, idx)[0]
+    for t in (0, 7, 15):
+        changed = idx.clone()
+        changed[0, t] = (changed[0, t] + 1) % 50
+        logits2 = model(changed, changed)[0]
+        assert torch.equal(logits[:, :t], logits2[:, :t])
+        assert not torch.allclose(logits[:, t], logits2[:, t])
+
+
+def test_loss_falls_on_tiny_corpus():
+    enc = tok.CharTokenizer.from_text([TEXT])
+    ids = torch.tensor(enc.encode(TEXT))
+    model = tiny_model(vocab_size=enc.vocab_size)
+    opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.99), 'cpu')
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(60):
+        ix = torch.randint(len(ids) - 17, (8,), generator=g)
+        x = torch.stack([ids[i:i + 16] for i in ix])
+        y = torch.stack([ids[i + 1:i + 17] for i in ix])
+        loss = model(x, y)[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_weight_decay_only_on_matrices():
+    model = tiny_model()
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    decay, no_decay = opt.param_groups
+    assert decay['weight_decay'] == 0.1 and all(p.dim() >= 2 for p in decay['params'])
+    assert no_decay['weight_decay'] == 0.0 and all(p.dim() < 2 for p in no_decay['params'])
+
+
+def test_flops_per_token_counts_matmuls_and_attention():
+    model = tiny_model()
+    T, d = 16, 32
+    matmul = 2 * (3 * d * d + d * d + 8 * d * d) + 50 * d  # per layer qkv, proj, mlp; lm_head
+    attention = 2 * 4 * d * (T + 1) / 2  # QK^T and AV over (T + 1) / 2 visible keys on average
+    assert model.flops_per_token(T) == pytest.approx(6 * matmul + 3 * attention)
+
+
+# -- training, DDP, resume, sampling (subprocesses) ------------------------------------
+
+def test_train_writes_log_and_checkpoint_and_resume_continues_the_curve(char_data, tmp_path):
+    full, part = tmp_path / 'full', tmp_path / 'part'
+    run(tiny_args(char_data, full))
+    log = read_jsonl(full / 'log.jsonl')
+    assert [r['iter'] for r in log] == [0, 4, 8]
+    for key in ('iter', 'train_loss', 'val_loss', 'val_ppl', 'lr', 'tokens', 'elapsed_s', 'tokens_per_s'):
+        assert key in log[-1]
+    assert log[-1]['val_ppl'] == pytest.approx(math.exp(log[-1]['val_loss']))
+    assert log[-1]['tokens'] == 8 * 2 * 4 * 16
+    assert log[-1]['val_loss'] < log[0]['val_loss']
+    ckpt = torch.load(full / 'ckpt.pt', weights_only=True)
+    assert ckpt['iter_num'] == 8 and {'model', 'optimizer', 'model_args', 'config', 'rng'} <= ckpt.keys()
+
+    run(tiny_args(char_data, part, max_iters=4))
+    run(tiny_args(char_data, part, init_from='resume'))  # max_iters back to 8
+    assert [r['iter'] for r in read_jsonl(part / 'train_log.jsonl')] == list(range(8))  # no duplicated lines
+    losses = lambda p: [r['loss'] for r in read_jsonl(p / 'train_log.jsonl')]
+    assert losses(part) == losses(full)  # bit-identical on CPU, one process
+    assert [r['val_loss'] for r in read_jsonl(part / 'log.jsonl')] == [r['val_loss'] for r in log]
+
+
+def test_two_process_torchrun_matches_one_process(char_data, tmp_path):
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    run(tiny_args(char_data, one, max_iters=4, eval_interval=2))
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                        *tiny_args(char_data, two, max_iters=4, eval_interval=2)],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = read_jsonl(one / 'log.jsonl'), read_jsonl(two / 'log.jsonl')
+    assert [x['iter'] for x in a] == [x['iter'] for x in b]
+    for x, y in zip(a, b):  # same data, same effective batch: equal up to float summation order
+        assert x['val_loss'] == pytest.approx(y['val_loss'], abs=1e-5)
+        assert x['train_loss'] == pytest.approx(y['train_loss'], abs=1e-5)
+    la = [x['loss'] for x in read_jsonl(one / 'train_log.jsonl')]
+    lb = [x['loss'] for x in read_jsonl(two / 'train_log.jsonl')]
+    assert la == pytest.approx(lb, abs=1e-5)
+
+
+def test_sampling_is_reproducible(char_data, tmp_path):
+    out = tmp_path / 'run'
+    run(tiny_args(char_data, out, max_iters=4))
+    args = ['sample.py', f'--out_dir={out}', '--start=First', '--max_new_tokens=30', '--device=cpu']
+    a, b = run(args).stdout, run(args).stdout
+    c = run(args + ['--seed=7']).stdout
+    assert a == b and a.startswith('First')
+    assert a != c
+    assert run(args + ['--use_cache=False']).stdout == a  # the KV cache changes nothing
+
+
+def test_missing_data_names_the_prepare_command(tmp_path):
+    r = run(['train.py', f'--data_dir={tmp_path}', f'--out_dir={tmp_path / "o"}', '--device=cpu'], check=False)
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert r.stderr.startswith('error:') and 'prepare' in r.stderr
+
+
+def test_block_size_larger_than_data(char_data, tmp_path):
+    r = run(tiny_args(char_data, tmp_path / 'o', block_size=100000), check=False)
+    assert r.returncode != 0 and 'not enough for block_size=100000' in r.stderr
