@@ -22,6 +22,8 @@ definition, for any order, used for order >= 4 and as a check.
   and S_a,i is a difference of prefix sums (windows included): O(T dh^2) time and memory.
 """
 
+import math
+
 import torch
 
 
@@ -90,28 +92,50 @@ def _spans(Tq, Tk, offset, causal, window1, window2, bq, b1):
         yield i0, i1, lo2, hi, [(a, min(a + b1, hi)) for a in range(lo1, hi, b1)]
 
 
-def _bias(pos, keys, causal, window, dtype):
-    """Additive mask (len(pos), len(keys)): 0 where visible, -inf where hidden; None if all visible."""
+def _mask(pos, keys, causal, window):
+    """Visibility (len(pos), len(keys)) restricted to the smallest key slice [c0, c1) holding
+    every hidden entry: returns (c0, c1, vis) or None when the block is fully visible."""
     if not causal:
         return None
     vis = keys[None, :] <= pos[:, None]
     if window:
         vis &= pos[:, None] - keys[None, :] < window
-    if bool(vis.all()):
+    hidden = (~vis).any(0).nonzero()
+    if hidden.numel() == 0:
         return None
-    return torch.zeros(vis.shape, dtype=dtype, device=pos.device).masked_fill_(~vis, float('-inf'))
+    c0, c1 = int(hidden[0]), int(hidden[-1]) + 1
+    return c0, c1, vis[:, c0:c1]
 
 
-def _block_logits(qs, k1b, k2s, bias1, bias2):
-    """logits (N, bq, b1, n2) = sum_s qs[i,s] k1b[j1,s] k2s[j2,s] plus the masks."""
+def _masked_exp(L, shift, mask1, mask2):
+    """exp(L - shift) in place, with exact zeros at hidden pairs. Hidden logits enter as
+    -inf (so that they never win the row max); the clamp keeps exp away from -inf and from
+    denormal results, which run ~30x slower on CPU; the multiply then zeroes them exactly.
+    The floor exp(log(tiny) + 1) is far below the precision of a sum that holds exp(0)."""
+    L -= shift
+    L.clamp_(min=math.log(torch.finfo(L.dtype).tiny) + 1.0)
+    P = L.exp_()
+    if mask1 is not None:
+        c0, c1, vis = mask1
+        P[:, :, c0:c1] *= vis[None, :, :, None]
+    if mask2 is not None:
+        c0, c1, vis = mask2
+        P[..., c0:c1] *= vis[None, :, None, :]
+    return P
+
+
+def _block_logits(qs, k1b, k2s, mask1, mask2):
+    """logits (N, bq, b1, n2) = sum_s qs[i,s] k1b[j1,s] k2s[j2,s], -inf where hidden;
+    also returns the (N, bq*b1, dh) matrix of products qs[i] * k1b[j1]."""
     N, bq, dh = qs.shape
     b1, n2 = k1b.size(1), k2s.size(1)
     qk = (qs[:, :, None, :] * k1b[:, None, :, :]).view(N, bq * b1, dh)
     L = torch.bmm(qk, k2s.transpose(1, 2)).view(N, bq, b1, n2)
-    if bias1 is not None:
-        L += bias1[None, :, :, None]
-    if bias2 is not None:
-        L += bias2[None, :, None, :]
+    for ax, m in ((2, mask1), (3, mask2)):
+        if m is not None:
+            c0, c1, vis = m
+            sl = L[:, :, c0:c1] if ax == 2 else L[..., c0:c1]
+            sl.masked_fill_((~vis)[None, :, :, None] if ax == 2 else (~vis)[None, :, None, :], float('-inf'))
     return qk, L
 
 
@@ -125,29 +149,28 @@ class _HA3(torch.autograd.Function):
         N, Tq, dh = q.shape
         Tk = k1.size(1)
         qs = q * dh ** -0.5
-        out = torch.zeros_like(q)
+        out = torch.empty_like(q)
         lse = torch.empty(N, Tq, dtype=q.dtype, device=q.device)
         ar = torch.arange(Tk + Tq + offset, device=q.device)
         for i0, i1, lo2, hi2, blocks in _spans(Tq, Tk, offset, causal, w1, w2, bq, b1):
             pos = ar[i0:i1] + offset
             qb = qs[:, i0:i1]
             k2s, v2s = k2[:, lo2:hi2], v2[:, lo2:hi2]
-            bias2 = _bias(pos, ar[lo2:hi2], causal, w2, q.dtype)
+            mask2 = _mask(pos, ar[lo2:hi2], causal, w2)
             m = torch.full((N, i1 - i0), float('-inf'), dtype=q.dtype, device=q.device)
             l = torch.zeros_like(m)
             acc = torch.zeros(N, i1 - i0, dh, dtype=q.dtype, device=q.device)
             for a, b in blocks:
-                bias1 = _bias(pos, ar[a:b], causal, w1, q.dtype)
-                _, L = _block_logits(qb, k1[:, a:b], k2s, bias1, bias2)
+                mask1 = _mask(pos, ar[a:b], causal, w1)
+                _, L = _block_logits(qb, k1[:, a:b], k2s, mask1, mask2)
                 n, nb, n1, n2 = L.shape
                 m_new = torch.maximum(m, L.view(n, nb, -1).amax(-1))
                 m_safe = m_new.masked_fill(m_new == float('-inf'), 0.0)  # rows with nothing visible yet
-                L -= m_safe[:, :, None, None]
-                P = L.exp_()
+                P = _masked_exp(L, m_safe[:, :, None, None], mask1, mask2)
                 alpha = torch.exp(m - m_safe)
                 l = l * alpha + P.view(n, nb, -1).sum(-1)
                 pv = torch.bmm(P.view(n, nb * n1, n2), v2s).view(n, nb, n1, dh)
-                acc = acc * alpha[..., None] + torch.einsum('nijd,njd->nid', pv, v1[:, a:b])
+                acc = acc * alpha[..., None] + (pv * v1[:, None, a:b]).sum(2)
                 m = m_new
             out[:, i0:i1] = acc / l[..., None]
             lse[:, i0:i1] = m + l.log()
@@ -177,23 +200,23 @@ class _HA3(torch.autograd.Function):
             pos = ar[i0:i1] + offset
             qb, dob = qs[:, i0:i1], dout[:, i0:i1]
             k2s, v2s = k2[:, lo2:hi2], v2[:, lo2:hi2]
-            bias2 = _bias(pos, ar[lo2:hi2], causal, w2, q.dtype)
+            mask2 = _mask(pos, ar[lo2:hi2], causal, w2)
             lse_b, D_b = lse[:, i0:i1, None, None], D[:, i0:i1, None, None]
             for a, b in blocks:
                 k1b, v1b = k1[:, a:b], v1[:, a:b]
-                bias1 = _bias(pos, ar[a:b], causal, w1, q.dtype)
-                qk, L = _block_logits(qb, k1b, k2s, bias1, bias2)
+                mask1 = _mask(pos, ar[a:b], causal, w1)
+                qk, L = _block_logits(qb, k1b, k2s, mask1, mask2)
                 n, nb, n1, n2 = L.shape
-                P = L.sub_(lse_b).exp_().view(n, nb * n1, n2)
+                P = _masked_exp(L, lse_b, mask1, mask2).view(n, nb * n1, n2)
                 dov = (dob[:, :, None, :] * v1b[:, None, :, :]).view(n, nb * n1, dh)
                 dP = torch.bmm(dov, v2s.transpose(1, 2))
                 pv = torch.bmm(P, v2s).view(n, nb, n1, dh)
-                dv1[:, a:b] += torch.einsum('nijd,nid->njd', pv, dob)
+                dv1[:, a:b] += (pv * dob[:, :, None]).sum(1)
                 dv2[:, lo2:hi2] += torch.bmm(P.transpose(1, 2), dov)
-                dL = (dP.view(n, nb, n1, n2).sub_(D_b)).mul_(P.view(n, nb, n1, n2)).view(n, nb * n1, n2)
+                dL = dP.view(n, nb, n1, n2).sub_(D_b).mul_(P.view(n, nb, n1, n2)).view(n, nb * n1, n2)
                 G = torch.bmm(dL, k2s).view(n, nb, n1, dh)
-                dqs[:, i0:i1] += torch.einsum('nijd,njd->nid', G, k1b)
-                dk1[:, a:b] += torch.einsum('nijd,nid->njd', G, qb)
+                dqs[:, i0:i1] += (G * k1b[:, None]).sum(2)
+                dk1[:, a:b] += (G * qb[:, :, None]).sum(1)
                 dk2[:, lo2:hi2] += torch.bmm(dL.transpose(1, 2), qk)
         return dqs * scale, dk1, dk2, dv1, dv2, None
 
