@@ -28,6 +28,15 @@ from model import (GPT, ATTENTIONS, Attention, GPTConfig, HAHeads, HFAHeads, KVC
 DT = torch.float64
 
 
+@pytest.fixture(autouse=True, scope='module')
+def one_thread():
+    """Tiny tensors: one thread is faster and does not fight the other jobs on the machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 # -----------------------------------------------------------------------------
 # the variants under test: name -> GPTConfig overrides (tiny sizes)
 
