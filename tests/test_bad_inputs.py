@@ -1,0 +1,152 @@
+"""
+Bad inputs to train.py, sample.py and prepare_openwebtext.py: each row of the table is one
+test. Each must give exactly one line on stderr starting with `error:` (holding the
+expected text), a non-zero exit, no traceback, and leave every existing file (data,
+checkpoint, logs) byte-for-byte as it was. One row is a value that must be accepted.
+
+Every row runs in its own copy of a small workspace (a character dataset and a checkpoint
+trained by train.py). The rows are started together, a few at a time, because each
+subprocess spends seconds importing torch on a loaded machine. The table with the messages
+is in docs/reliability.md.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+ITOS = list("abcdefghijklmnop")
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
+        '--gradient_accumulation_steps=1', '--device=cpu', '--eval_iters=2', '--eval_interval=2',
+        '--warmup_iters=0', '--log_interval=1000']
+SAMPLE = ['--device=cpu', '--max_new_tokens=2', '--num_samples=1']
+
+
+def make_data(folder, itos=ITOS, n_train=2000, n_val=400):
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, len(itos), n_train).astype(np.uint16).tofile(folder / 'train.bin')
+    rng.integers(0, len(itos), n_val).astype(np.uint16).tofile(folder / 'val.bin')
+    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': len(itos), 'itos': itos}))
+
+
+def setup_workspace(w):
+    """Extra inputs some rows need, beside the dataset w/data and the checkpoint w/out."""
+    (w / 'bad_config.py').write_text("n_layer = = 2\n")
+    (w / 'empty.txt').write_text('')
+    (w / 'one.txt').write_text("A single paragraph of text, with no blank line in it, is one document.\n")
+    make_data(w / 'data20', itos=list("abcdefghijklmnopqrst"))       # another vocabulary size
+    make_data(w / 'data16b', itos=list("ABCDEFGHIJKLMNOP"))           # same size, other characters
+    (w / 'afile').write_text('a file, not a folder')
+
+
+# id: (script, arguments, text the error line must hold; None: must succeed), {data}/{out}/{w}
+# are the row's workspace paths
+ROWS = {
+    'unknown_attention': ('train.py', ['--attention=flash9'], "unknown attention 'flash9'; valid: "),
+    'unknown_config_key': ('train.py', ['--n_layers=2'], "unknown config key 'n_layers'; did you mean n_layer"),
+    'wrong_type': ('train.py', ['--max_iters=lots'], "max_iters expects int (default 600000), got 'lots'"),
+    'missing_config_file': ('train.py', ['{w}/no_such_config.py'], "config file '{w}/no_such_config.py' not found"),
+    'malformed_config_file': ('train.py', ['{w}/bad_config.py'], "config file {w}/bad_config.py failed: SyntaxError"),
+    'missing_dataset': ('train.py', ['--data_dir={w}/nodata'],
+                        "{w}/nodata/train.bin not found; prepare the data first, e.g. `python prepare_shakespeare.py`"),
+    'empty_corpus': ('prepare_openwebtext.py', ['--source={w}/empty.txt', '--tokenizer=char', '--name=_reltest_empty'],
+                     "holds no text; give a non-empty corpus"),
+    'one_paragraph_corpus': ('prepare_openwebtext.py', ['--source={w}/one.txt', '--tokenizer=char', '--name=_reltest_one'],
+                             "the corpus has a single document, too few for a train/val split"),
+    'block_size_larger_than_data': ('train.py', ['--block_size=5000'],
+                                    "train.bin has 2000 tokens, not enough for block_size=5000"),
+    'resume_other_vocab_size': ('train.py', ['--init_from=resume', '--data_dir={w}/data20'],
+                                "was trained with tokenizer 'char' (vocab 16) but {w}/data20 uses 'char' (vocab 20)"),
+    'resume_other_characters': ('train.py', ['--init_from=resume', '--data_dir={w}/data16b'],
+                                "was trained with tokenizer 'char' (vocab 16) but {w}/data16b uses 'char' (vocab 16)"),
+    'truncated_checkpoint_resume': ('train.py', ['--init_from=resume'], "ckpt.pt is unreadable or truncated"),
+    'truncated_checkpoint_sample': ('sample.py', ['--out_dir={out}', *SAMPLE], "ckpt.pt is unreadable or truncated"),
+    'out_dir_not_writable': ('train.py', ['--out_dir={w}/afile/run'], "out_dir '{w}/afile/run' cannot be written"),
+    'prompt_outside_char_vocab': ('sample.py', ['--out_dir={out}', '--start=xyz!', *SAMPLE],
+                                  "characters '!xyz' are not in this model's character vocabulary of 16"),
+    'value_containing_equals': ('train.py', ['--wandb_run_name=a=b', '--eval_only=True', '--out_dir={w}/new_out'], None),
+}
+
+
+def command(row, w):
+    script, args, _ = ROWS[row]
+    fill = lambda s: s.format(w=w, data=w / 'data', out=w / 'out')
+    args = [fill(a) for a in args]
+    if script == 'train.py':  # defaults first: a row's own --data_dir/--out_dir comes later and wins
+        args = [*TINY, f'--data_dir={w / "data"}', f'--out_dir={w / "out"}', *args]
+    return [PY, script, *args]
+
+
+def snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(Path(folder).rglob('*')) if p.is_file()}
+
+
+@pytest.fixture(scope='module')
+def results(tmp_path_factory):
+    base = tmp_path_factory.mktemp('bad')
+    make_data(base / 'data')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    env.pop('NANOHFA_TEST_DIE_AT', None)
+    r = subprocess.run([PY, 'train.py', *TINY, f'--data_dir={base / "data"}', f'--out_dir={base / "out"}',
+                        '--max_iters=2'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and (base / 'out' / 'ckpt.pt').exists(), r.stdout + r.stderr
+    setup_workspace(base)
+    work, before, procs, res = {}, {}, {}, {}
+    for row in ROWS:
+        w = work[row] = base.parent / f'{base.name}_{row}'
+        shutil.copytree(base, w)
+        if row.startswith('truncated_checkpoint'):
+            ckpt = w / 'out' / 'ckpt.pt'
+            ckpt.write_bytes(ckpt.read_bytes()[:ckpt.stat().st_size // 2])
+        before[row] = snapshot(w)
+    pending, t0 = list(ROWS), time.time()
+    while pending or procs:
+        while pending and len(procs) < 6:
+            row = pending.pop(0)
+            procs[row] = subprocess.Popen(command(row, work[row]), cwd=ROOT, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for row, p in list(procs.items()):
+            if p.poll() is not None or time.time() - t0 > 600:
+                out, err = p.communicate(timeout=60)
+                res[row] = {'rc': p.returncode, 'stdout': out, 'stderr': err, 'w': work[row],
+                            'before': before[row], 'after': snapshot(work[row])}
+                del procs[row]
+        time.sleep(0.05)
+    return res
+
+
+@pytest.mark.parametrize('row', list(ROWS))
+def test_bad_input(results, row):
+    r = results[row]
+    w, expected = r['w'], ROWS[row][2]
+    info = f"rc={r['rc']}\nstderr:\n{r['stderr']}\nstdout:\n{r['stdout'][-2000:]}"
+    assert 'Traceback' not in r['stderr'], info
+    for path, data in r['before'].items():  # nothing overwritten or removed
+        assert r['after'].get(path) == data, f"{path} changed\n{info}"
+    if expected is None:  # accepted
+        assert r['rc'] == 0 and not r['stderr'].strip(), info
+        return
+    assert r['rc'] != 0, info
+    lines = [l for l in r['stderr'].splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith('error: '), info
+    assert expected.format(w=w) in lines[0], info
+
+
+def test_value_containing_equals_is_kept_whole(results):
+    run = json.loads((results['value_containing_equals']['w'] / 'new_out' / 'run.json').read_text())
+    assert run['config']['wandb_run_name'] == 'a=b'
+
+
+@pytest.mark.parametrize('name', ['_reltest_empty', '_reltest_one'])
+def test_failed_prepare_writes_nothing(results, name):
+    assert not (ROOT / 'data' / name).exists()
