@@ -1,0 +1,39 @@
+# CPU companion of config/ha.py: the cpu_sa model with order-3 HA in every layer, windowed
+# (2-simplicial style: j1 in the last 16 positions, j2 in the last 8) so that it fits 2 CPU
+# cores: full HA at T = 128 is ~8x the FLOPs of sa per token and ~15x slower here. Half the
+# iterations of cpu_sa (300 x 32 x 128 tokens), so NOT token-matched with cpu_sa: use
+# compare.py for matched comparisons. Full [IA] HA instead: ha_window1 = ha_window2 = 0 with
+# block_size = 64 (~13x slower than sa). ha_share_kv=True: the weight-shared HA.
+#   python train.py config/cpu_ha.py
+dataset = 'shakespeare_char'
+device = 'cpu'
+compile = False
+eval_interval = 100
+eval_iters = 20
+log_interval = 25
+always_save_checkpoint = False
+
+gradient_accumulation_steps = 1
+batch_size = 32
+block_size = 128
+
+n_layer = 4
+n_head = 4
+n_embd = 128
+dropout = 0.0
+bias = False
+
+learning_rate = 2e-3
+max_iters = 300
+lr_decay_iters = 300
+min_lr = 2e-4
+warmup_iters = 50
+beta2 = 0.99
+
+# this variant
+out_dir = 'out-cpu-ha'
+attention = 'ha'
+ha_order = 3
+ha_share_kv = False
+ha_window1 = 16
+ha_window2 = 8
