@@ -68,7 +68,7 @@ ROWS = {
     'resume_other_vocab_size': ('train.py', ['--init_from=resume', '--data_dir={w}/data20'],
                                 "was trained with tokenizer 'char' (vocab 16) but {w}/data20 uses 'char' (vocab 20)"),
     'resume_other_characters': ('train.py', ['--init_from=resume', '--data_dir={w}/data16b'],
-                                "was trained with tokenizer 'char' (vocab 16) but {w}/data16b uses 'char' (vocab 16)"),
+                                "was trained with tokenizer 'char' (vocab 16) but {w}/data16b uses 'char' (vocab 16, other characters)"),
     'truncated_checkpoint_resume': ('train.py', ['--init_from=resume'], "ckpt.pt is unreadable or truncated"),
     'truncated_checkpoint_sample': ('sample.py', ['--out_dir={out}', *SAMPLE], "ckpt.pt is unreadable or truncated"),
     'out_dir_not_writable': ('train.py', ['--out_dir={w}/afile/run'], "out_dir '{w}/afile/run' cannot be written"),

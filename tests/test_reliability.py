@@ -286,26 +286,41 @@ def torchrun(args, log, **extra_env):
 def ddp_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('ddp')
     data = make_data(tmp / 'data')
-    term, die = tmp / 'term', tmp / 'die'
+    term, die, ref = tmp / 'term', tmp / 'die', tmp / 'ref'
     p_term = torchrun(train_args(data, term, 100000, '--ddp_timeout=60'), tmp / 'term.log')
     t0 = time.time()
     p_die = torchrun(train_args(data, die, 100000, '--ddp_timeout=60'), tmp / 'die.log', NANOHFA_TEST_DIE_AT='6:1')
+    p_ref = torchrun(train_args(data, ref, 12), tmp / 'ref.log')
     wait_for_lines(term / 'train_log.jsonl', 3, p_term, timeout=400)
     os.kill(p_term.pid, signal.SIGTERM)  # the torchrun process only; it forwards SIGTERM to its workers
     rc_term = wait(p_term, 240)
     rc_die = wait(p_die, 300)
-    return {'term': term, 'die': die, 'rc_term': rc_term, 'rc_die': rc_die, 'die_s': time.time() - t0,
-            'term_log': (tmp / 'term.log').read_text(), 'die_log': (tmp / 'die.log').read_text()}
+    die_s = time.time() - t0
+    rc_ref = wait(p_ref, 300)
+    n = len(jsonl(term / 'train_log.jsonl'))
+    term_ckpt_iter = load(term / 'ckpt.pt')['iter_num'] if (term / 'ckpt.pt').exists() else None
+    resume = torchrun(train_args(data, term, 12, '--init_from=resume'), tmp / 'resume.log')
+    rc_resume = wait(resume, 300)
+    return {'term': term, 'die': die, 'ref': ref, 'rc_term': rc_term, 'rc_die': rc_die, 'die_s': die_s,
+            'rc_ref': rc_ref, 'rc_resume': rc_resume, 'n': n, 'term_ckpt_iter': term_ckpt_iter,
+            **{f'{k}_log': (tmp / f'{k}.log').read_text() for k in ('term', 'die', 'ref', 'resume')}}
 
 
 def test_ddp_sigterm_to_torchrun(ddp_runs):
     """All ranks stop at the same step; rank 0 saves a checkpoint that loads and matches the log."""
-    log = ddp_runs['term_log']
-    assert 'stopped by signal at iteration' in log, log
-    n = len(jsonl(ddp_runs['term'] / 'train_log.jsonl'))
-    assert f'stopped by signal at iteration {n};' in log
-    assert load(ddp_runs['term'] / 'ckpt.pt')['iter_num'] == n
-    assert not (ddp_runs['term'] / 'ckpt.pt.tmp').exists()
+    log, n = ddp_runs['term_log'], ddp_runs['n']
+    assert f'stopped by signal at iteration {n};' in log, log
+    assert ddp_runs['term_ckpt_iter'] == n
+
+
+def test_ddp_resume_after_sigterm_is_exact(ddp_runs):
+    """2 processes, dropout 0.1: stopped by SIGTERM at iteration n, resumed to 12, the losses and
+    evaluations equal an uninterrupted 2-process run bit for bit (data order and every rank's RNG)."""
+    assert ddp_runs['rc_ref'] == 0, ddp_runs['ref_log']
+    assert ddp_runs['rc_resume'] == 0, ddp_runs['resume_log']
+    assert 0 < ddp_runs['n'] < 12
+    assert losses(ddp_runs['term']) == losses(ddp_runs['ref'])
+    assert evals(ddp_runs['term']) == evals(ddp_runs['ref'])
 
 
 def test_ddp_dead_rank_does_not_hang(ddp_runs):
