@@ -82,14 +82,20 @@ def load_documents(source, hf_id='Skylion007/openwebtext', num_proc=1, sample_by
         sample_by = sample_by or 'paragraph'
     if not files:
         raise UserError(f"folder {source!r} holds no .txt files")
+    if all(os.path.getsize(f) == 0 for f in files):
+        raise UserError(f"{source!r} holds no text; give a non-empty corpus")
     kwargs = {'sample_by': sample_by} if kind == 'text' else {}
+    datasets.disable_progress_bars()  # a local source loads quickly; a bad one gets just its error line
     try:
         ds = datasets.load_dataset(kind, data_files=files, split='train', **kwargs)
+        if 'text' in ds.column_names:
+            ds = ds.filter(lambda t: bool(t.strip()), input_columns='text')
     except Exception as e:
         raise UserError(f"could not read {source!r} as {kind}: {str(e).splitlines()[0][:200]}")
+    finally:
+        datasets.enable_progress_bars()
     if 'text' not in ds.column_names:
         raise UserError(f"{source!r} has no 'text' column (columns: {', '.join(ds.column_names)})")
-    ds = ds.filter(lambda t: bool(t.strip()), input_columns='text')
     if len(ds) == 0:
         raise UserError(f"{source!r} holds no text; give a non-empty corpus")
     return ds

@@ -9,6 +9,8 @@ checkpoint). The same seed gives the same text. Keys and values are cached betwe
 steps (use_cache=False recomputes the whole context at every step).
 """
 
+import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +44,10 @@ if not ckpt_path.exists():
     raise UserError(f"no checkpoint at {ckpt_path}; train first (python train.py ...) or set --out_dir")
 try:
     ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
+except pickle.UnpicklingError as e:
+    found = re.findall(r'GLOBAL ([\w.]+)', str(e)) or ['an object of unknown type']
+    raise UserError(f"checkpoint {ckpt_path} holds objects other than tensors and plain containers "
+                    f"({found[0]}); refusing to load it, since that could run code")
 except Exception as e:
     raise UserError(f"checkpoint {ckpt_path} is unreadable or truncated ({type(e).__name__}); retrain or restore it")
 

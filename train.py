@@ -16,6 +16,8 @@ with skip_nonfinite=True, skips that step) without touching the last good checkp
 import json
 import math
 import os
+import pickle
+import re
 import signal
 import sys
 import time
@@ -183,11 +185,18 @@ def load_checkpoint(path):
         raise UserError(f"no checkpoint at {path} to resume from; train with init_from='scratch' first")
     try:  # tensors and plain containers only: loading never runs code
         return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.findall(r'GLOBAL ([\w.]+)', str(e)) or ['an object of unknown type']
+        raise UserError(f"checkpoint {path} holds objects other than tensors and plain containers "
+                        f"({found[0]}); refusing to load it, since that could run code")
     except Exception as e:
         raise UserError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}); "
                         f"restore it from a backup or start with init_from='scratch'")
 
 
+meta_for_ckpt = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
+if isinstance(meta_for_ckpt.get('itos'), dict):  # nanoGPT meta.pkl stores {int: str}
+    meta_for_ckpt['itos'] = [meta_for_ckpt['itos'][i] for i in range(len(meta_for_ckpt['itos']))]
 model_keys = [k for k in config if k in GPTConfig.__dataclass_fields__]
 model_args = {k: config[k] for k in model_keys}
 model_args['vocab_size'] = meta['vocab_size'] if 'vocab_size' in meta else 50304
@@ -196,11 +205,14 @@ if meta.get('tokenizer') == 'gpt2' and model_args['vocab_size'] == 50257:
 iter_num, best_val_loss, ckpt = 0, 1e9, None
 if init_from == 'resume':
     ckpt = load_checkpoint(ckpt_path)
-    if ckpt.get('tokenizer', {}).get('tokenizer') != meta.get('tokenizer') or \
-            ckpt['model_args']['vocab_size'] < meta['vocab_size']:
-        raise UserError(f"checkpoint {ckpt_path} was trained with tokenizer {ckpt.get('tokenizer', {}).get('tokenizer')!r} "
+    ckpt_tok = ckpt.get('tokenizer', {})
+    other_chars = 'itos' in ckpt_tok and ckpt_tok['itos'] != meta_for_ckpt.get('itos')  # same size, other characters
+    if ckpt_tok.get('tokenizer') != meta.get('tokenizer') or \
+            ckpt['model_args']['vocab_size'] < meta['vocab_size'] or other_chars:
+        raise UserError(f"checkpoint {ckpt_path} was trained with tokenizer {ckpt_tok.get('tokenizer')!r} "
                         f"(vocab {ckpt['model_args']['vocab_size']}) but {data_path} uses {meta.get('tokenizer')!r} "
-                        f"(vocab {meta['vocab_size']}); use the dataset the checkpoint was trained on")
+                        f"(vocab {meta['vocab_size']}{', other characters' * (ckpt['model_args']['vocab_size'] == meta['vocab_size'])}); "
+                        f"use the dataset the checkpoint was trained on")
     model_args = ckpt['model_args']  # the architecture is the checkpoint's
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
 try:
@@ -217,9 +229,14 @@ optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta
 if ckpt is not None:
     optimizer.load_state_dict(ckpt['optimizer'])
     data_gen.set_state(ckpt['rng']['data'])
-    torch.set_rng_state(ckpt['rng']['torch'])
-    if device_type == 'cuda' and ckpt['rng'].get('cuda') is not None:
-        torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
+    ranks_rng = ckpt['rng'].get('ranks') or []  # each process's own dropout RNG state
+    own_rng = ranks_rng[rank] if len(ranks_rng) == world_size else ckpt['rng'] if rank == 0 else None
+    if own_rng is None:  # saved with another number of processes: a fresh stream, not a copy of rank 0's
+        torch.manual_seed(seed + rank + 1000003 * iter_num)
+    else:
+        torch.set_rng_state(own_rng['torch'])
+        if device_type == 'cuda' and own_rng.get('cuda') is not None:
+            torch.cuda.set_rng_state(own_rng['cuda'], device)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 n_params = model.get_num_params()
 flops_per_token = model.flops_per_token(block_size)
@@ -262,26 +279,58 @@ def get_lr(it):
 
 
 def save_checkpoint():
-    """Write to a temporary file, flush to disk, then rename: never a half-written ckpt.pt."""
+    """Called by every process (DDP gathers each one's RNG state); rank 0 writes to a temporary
+    file, flushes it to disk, then renames it: never a half-written ckpt.pt."""
+    own_rng = {'torch': torch.get_rng_state(),
+               'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None}
+    ranks_rng = [own_rng]
+    if ddp:
+        ranks_rng = [None] * world_size
+        dist.all_gather_object(ranks_rng, own_rng)
+    if not master:
+        return
     state = {
         'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
         'model_args': asdict(gptconf), 'config': config, 'iter_num': iter_num,
         'best_val_loss': best_val_loss, 'tokenizer': meta_for_ckpt, 'dataset': dataset,
-        'rng': {'torch': torch.get_rng_state(), 'data': data_gen.get_state(),
-                'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None},
+        'rng': {**own_rng, 'data': data_gen.get_state(), 'ranks': ranks_rng},
         'elapsed_s': elapsed(), 'train_time_s': train_time, 'skipped_steps': skipped_steps,
+        'evaluated': last.get('iter') == iter_num,  # False when a signal stopped the run before this eval
     }
     tmp = out / 'ckpt.pt.tmp'
     with open(tmp, 'wb') as f:
         torch.save(state, f)
         f.flush()
+        if test_fault('save'):  # a crash halfway through writing the checkpoint
+            f.truncate(f.tell() // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
         os.fsync(f.fileno())
     os.replace(tmp, ckpt_path)
+    try:  # make the rename itself durable
+        dir_fd = os.open(out, os.O_RDONLY)
+        os.fsync(dir_fd)
+        os.close(dir_fd)
+    except OSError:
+        pass
     if keep_last > 0:
         kept = out / f'ckpt_{iter_num:07d}.pt'
         os.link(ckpt_path, kept) if not kept.exists() else None
         for old in sorted(out.glob('ckpt_*.pt'))[:-keep_last]:
             old.unlink()
+
+
+# fault injection, for tests/test_reliability.py only: NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]] makes
+# process RANK (default 0) SIGKILL itself at the start of iteration ITER (WHERE=step, the default),
+# halfway through writing that iteration's checkpoint (save), or send itself SIGTERM (term)
+_fault = (os.environ.get('NANOHFA_TEST_DIE_AT', '').split(':') + ['', ''])[:3]
+
+
+def test_fault(where):
+    if _fault[0] and int(_fault[0]) == iter_num and int(_fault[1] or 0) == rank and (_fault[2] or 'step') == where:
+        if where == 'term':
+            os.kill(os.getpid(), signal.SIGTERM)
+            return False
+        return True
 
 
 def append_jsonl(path, record):
@@ -295,10 +344,6 @@ def trim_jsonl(path, keep):
         lines = [l for l in path.read_text().splitlines() if l.strip() and keep(json.loads(l))]
         path.write_text(''.join(l + '\n' for l in lines))
 
-
-meta_for_ckpt = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
-if isinstance(meta_for_ckpt.get('itos'), dict):  # nanoGPT meta.pkl stores {int: str}
-    meta_for_ckpt['itos'] = [meta_for_ckpt['itos'][i] for i in range(len(meta_for_ckpt['itos']))]
 
 # SIGTERM / SIGINT: finish the step, save, exit (a second SIGINT interrupts at once)
 stop_signal = None
@@ -327,9 +372,10 @@ skipped_steps = ckpt['skipped_steps'] if ckpt else 0
 session_start = time.time()
 elapsed = lambda: elapsed_before + time.time() - session_start
 start_iter = iter_num
+evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: skip a repeat of that eval
 if master:
     if ckpt is not None:
-        trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] <= iter_num)
+        trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] < iter_num + evaluated_at_start)
         trim_jsonl(out / 'train_log.jsonl', lambda r: r['iter'] < iter_num)
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
     else:
@@ -345,7 +391,7 @@ while True:
         group['lr'] = lr
 
     # evaluate (not again at the iteration just resumed from: its line is already logged)
-    if (iter_num % eval_interval == 0 or iter_num >= max_iters) and (iter_num != start_iter or start_iter == 0 or eval_only):
+    if (iter_num % eval_interval == 0 or iter_num >= max_iters) and (iter_num != start_iter or not evaluated_at_start or eval_only):
         losses = estimate_loss()
         last = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'],
                 'val_ppl': math.exp(min(losses['val'], 50)), 'lr': lr, 'tokens': iter_num * tokens_per_iter,
@@ -360,12 +406,15 @@ while True:
                 wandb.log({k: v for k, v in last.items() if v is not None})
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
-            if iter_num > start_iter and master:
+            if iter_num > start_iter:
                 save_checkpoint()
     if eval_only or iter_num >= max_iters:
         break
 
     # one optimisation step: accum micro-batches per process, gradients averaged by DDP
+    if test_fault('step'):
+        os.kill(os.getpid(), signal.SIGKILL)
+    test_fault('term')
     t0 = time.time()
     loss_sum = 0.0
     for micro, offsets in enumerate(iteration_batches()):
@@ -409,8 +458,8 @@ while True:
     if ddp:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # all processes stop at the same step
     if stop.item():
+        save_checkpoint()
         if master:
-            save_checkpoint()
             print(f"stopped by signal at iteration {iter_num}; checkpoint saved to {ckpt_path}; "
                   f"continue with --init_from=resume")
         break
