@@ -1,0 +1,208 @@
+"""
+The fast kernels against their definitions (float64, tiny sizes), and the KV cache.
+
+- hyper_attention (blockwise, online softmax, recomputing backward; prefix sums without
+  softmax) == hyper_attention_reference (every tuple materialised): outputs and gradients of
+  q, k1, k2, v1, v2, for causal / non-causal, windows, decoding offsets, odd block sizes.
+- HFA: the Kronecker-lift SDPA path == explicit scores, outputs and gradients.
+- GPT.generate(use_cache=True) == recomputation, logits and sampled tokens, every variant.
+- bench.py --quick runs and writes its JSON.
+No timing assertions: timings live in bench.py and docs/performance.md.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hyperattention import _spans, hyper_attention, hyper_attention_reference, pair_masks
+from model import GPT, GPTConfig, HFAHeads, KVCache
+
+DT = torch.float64
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def inputs(Tq, Tk, seed, B=2, H=2, dh=5):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, Tq if a == 0 else Tk, dh, generator=g, dtype=DT).requires_grad_()
+            for a in range(5)]
+
+
+def reference(q, k1, k2, v1, v2, offset, causal, w1, w2, softmax):
+    masks = pair_masks(q.size(-2), k1.size(-2), offset, causal, w1, w2, q.device)
+    return hyper_attention_reference(q, [k1, k2], [v1, v2], masks, softmax=softmax)
+
+
+def value_and_grads(f, x, seed):
+    out = f(*x)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return [out] + list(torch.autograd.grad(out, x, g))
+
+
+# (Tq, Tk, offset): a full sequence, one-token decoding, a chunk decoded after a prompt
+SHAPES = [(11, 11, 0), (1, 9, 8), (4, 10, 6)]
+WINDOWS = [(0, 0), (3, 2), (0, 4), (5, 0)]
+BLOCKS = [(None, None), (2, 3), (4, 1)]
+
+
+@pytest.mark.parametrize('softmax', [True, False])
+@pytest.mark.parametrize('causal', [True, False])
+@pytest.mark.parametrize('windows', WINDOWS)
+@pytest.mark.parametrize('shape', SHAPES)
+def test_ha_kernel_equals_reference(shape, windows, causal, softmax):
+    Tq, Tk, offset = shape
+    if not causal and offset:
+        pytest.skip('decoding is causal')
+    w1, w2 = windows
+    x = inputs(Tq, Tk, seed=Tq + 7 * Tk)
+    want = value_and_grads(lambda *t: reference(*t, offset, causal, w1, w2, softmax), x, 1)
+    for bq, b1 in BLOCKS:
+        got = value_and_grads(lambda *t: hyper_attention(*t, offset=offset, causal=causal, window1=w1,
+                                                         window2=w2, softmax=softmax, block_q=bq, block_k=b1), x, 1)
+        for name, a, b in zip(['out', 'dq', 'dk1', 'dk2', 'dv1', 'dv2'], got, want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11, msg=f"{name} blocks {bq},{b1}")
+
+
+def test_ha_kernel_large_logits_are_exact():
+    """Logits spread over hundreds: the online softmax must rescale, not overflow, and the
+    floor that keeps exp away from denormals must not leak weight into hidden pairs."""
+    x = inputs(9, 9, seed=3)
+    with torch.no_grad():
+        x[0].mul_(30.0)
+    want = value_and_grads(lambda *t: reference(*t, 0, True, 0, 0, True), x, 2)
+    got = value_and_grads(lambda *t: hyper_attention(*t, block_q=2, block_k=2), x, 2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(offset=3, window1=3, window2=2), dict(causal=False),
+                                dict(softmax=False, window2=2)])
+def test_ha_gradcheck(kw):
+    Tq = 2 if kw.get('offset') else 5
+    x = [t.detach().requires_grad_() for t in inputs(Tq, 5, seed=11, B=1, H=1, dh=3)]
+    assert torch.autograd.gradcheck(lambda *t: hyper_attention(*t, block_q=2, block_k=2, **kw), x)
+
+
+def test_ha_skips_hidden_blocks():
+    """Windowed decoding visits O(w1) first keys and O(w2) second keys, however long the
+    cache: the cost per token is O(w1 w2), not O(T^2)."""
+    Tk, w1, w2, b1 = 1000, 40, 8, 16
+    spans = list(_spans(1, Tk, Tk - 1, True, w1, w2, 1, b1))
+    assert len(spans) == 1
+    _, _, lo2, hi2, blocks = spans[0]
+    assert hi2 - lo2 == w2
+    assert sum(b - a for a, b in blocks) == w1
+    assert all(a >= Tk - w1 for a, _ in blocks)
+
+
+def test_ha_kernel_float32_close_to_float64():
+    x = inputs(20, 20, seed=5, dh=8)
+    want = hyper_attention(*x, block_q=4, block_k=8)
+    got = hyper_attention(*[t.float() for t in x], block_q=4, block_k=8)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# HFA: lifted SDPA == explicit scores
+
+@pytest.mark.parametrize('order', [2, 3])
+@pytest.mark.parametrize('values_product', [False, True])
+@pytest.mark.parametrize('causal,Tq,Tk,offset', [(True, 7, 7, 0), (True, 3, 9, 6), (True, 1, 9, 8), (False, 6, 6, 0)])
+def test_hfa_kron_equals_explicit(order, values_product, causal, Tq, Tk, offset):
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16, vocab_size=11, causal=causal, hfa_order=order)
+    heads = HFAHeads(cfg, 2, values_product).to(DT)
+    g = torch.Generator().manual_seed(Tq + order)
+    A, nv = order, (order if values_product else 1)
+    q = torch.randn(A, 2, 2, Tq, cfg.dh, generator=g, dtype=DT).requires_grad_()
+    k = torch.randn(A, 2, 2, Tk, cfg.dh, generator=g, dtype=DT).requires_grad_()
+    v = torch.randn(nv, 2, 2, Tk, cfg.dh, generator=g, dtype=DT).requires_grad_()
+    res = {}
+    for kron in (True, False):
+        heads.use_kron = kron
+        res[kron] = value_and_grads(lambda *t: heads.mix(*t, offset), [q, k, v], 4)
+    for a, b in zip(res[True], res[False]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_hfa_auto_choice_follows_width():
+    """'auto' lifts only when dh^A <= kron_max_width (measured crossover, docs/performance.md)."""
+    small = HFAHeads(GPTConfig(n_layer=1, n_head=4, n_embd=64, hfa_kron='auto'), 4, False)   # dh=16: 256
+    wide = HFAHeads(GPTConfig(n_layer=1, n_head=2, n_embd=64, hfa_kron='auto'), 2, False)    # dh=32: 1024
+    assert small.use_kron and not wide.use_kron
+
+
+# -----------------------------------------------------------------------------
+# KV cache: generate with the cache == recomputation, every variant
+
+VARIANTS = {
+    'sa': dict(attention='sa'),
+    'linear': dict(attention='linear'),
+    'hfa_v1': dict(attention='hfa_v1'),
+    'hfa_v2': dict(attention='hfa_v2'),
+    'hfa_kron': dict(attention='hfa_v1', hfa_kron='on'),
+    'hfa_mixed': dict(attention='hfa_v2', n_hfa_head=1),
+    'ha': dict(attention='ha'),
+    'ha_windowed': dict(attention='ha', ha_window1=4, ha_window2=2),
+    'ha_linear': dict(attention='ha', softmax=False),
+    'sa,ha': dict(attn_layers='sa,ha'),
+}
+
+
+def tiny_gpt(kw, seed=0):
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=12, vocab_size=13, **kw)
+    torch.manual_seed(seed)
+    model = GPT(cfg).to(DT).eval()
+    with torch.no_grad():  # larger weights than GPT-2's init, so logits really differ by position
+        for p in model.parameters():
+            p.normal_(0, 0.4)
+    return model
+
+
+@pytest.mark.parametrize('name', list(VARIANTS))
+def test_cached_logits_equal_recomputation(name):
+    model = tiny_gpt(VARIANTS[name])
+    idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(model.config.n_layer)
+    with torch.no_grad():
+        got = [model(idx[:, :5], cache=cache)[0][:, -1]]
+        for t in range(5, 12):
+            got.append(model(idx[:, t:t + 1], cache=cache)[0][:, -1])
+        want = [model(idx[:, :t + 1])[0][:, -1] for t in range(4, 12)]
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize('name', list(VARIANTS))
+def test_generate_with_cache_samples_the_same_tokens(name):
+    """Same seed, same tokens, also past block_size (12) where the context is cropped."""
+    model = tiny_gpt(VARIANTS[name], seed=2)
+    prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(3))
+    out = {}
+    for use_cache in (True, False):
+        torch.manual_seed(5)
+        out[use_cache] = model.generate(prompt, 14, temperature=1.0, top_k=8, use_cache=use_cache)
+    assert out[True].shape == (2, 17)
+    assert torch.equal(out[True], out[False])
+
+
+# -----------------------------------------------------------------------------
+# bench.py
+
+def test_bench_quick_writes_json(tmp_path):
+    path = tmp_path / 'bench.json'
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), '--quick', '--out', str(path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = json.loads(path.read_text())
+    keys = {'variant', 'mode', 'block_size', 'batch_size', 'tokens_per_s', 'peak_mem_bytes',
+            'flops_per_token', 'frac_of_matmul_peak'}
+    assert all(keys <= set(rec) for rec in records)
+    assert {'sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win', 'ha_ref', 'sdpa_min'} <= {r['variant'] for r in records}
+    assert {'attention', 'train_step', 'sample_cache', 'sample_nocache'} <= {r['mode'] for r in records}
+    assert not any(rec.get('error') for rec in records)
+    train = [rec for rec in records if rec['mode'] == 'train_step']
+    assert all(rec['tokens_per_s'] > 0 and rec['flops_per_token'] > 0 and 0 < rec['frac_of_matmul_peak']
+               for rec in train)
+    assert all(rec['identical_tokens'] for rec in records if rec['mode'].startswith('sample'))
