@@ -1,0 +1,474 @@
+"""
+Compare attention variants by validation perplexity: a grid of variants x seeds, each
+trained by train.py in its own folder, then mean +- std, 95% confidence intervals, a
+Welch t-test against SA, a markdown table, results.json / results.csv and a plot.
+
+    python compare.py --config config/compare_cpu.py --out out-compare-cpu --jobs 2 --threads 1
+    python compare.py --config config/owt_gpt3small_sa.py --variants sa,hfa,hfa_v2 --nproc 8 --out out-owt
+    python compare.py ... --match params          # resize every variant to SA's parameter count
+    python compare.py ... --preset ha_w16 attention=ha ha_window1=16   # a variant of your own
+    python compare.py ... --max_iters=500         # any --key=value goes to every train.py run
+
+Runs live in OUT/runs/<variant>/seed<k>/ (train.py's out_dir). Running the same command
+again skips finished runs (log.jsonl reaches max_iters), resumes interrupted ones from
+their ckpt.pt, and starts the others from scratch; a failed run is listed in the summary
+with the tail of its stderr and makes the exit status 1.
+
+Fair budgets. Every run of the grid uses the same base config, so iterations x batch x
+block (the tokens seen) are equal unless a variant changes them; --match_tokens then
+rescales its max_iters to SA's token count. --match params|flops resizes each variant to
+the SA reference: by n_embd (a multiple of n_head, the default) or by head_dim
+(--match_by head_dim), whichever size is closest, measured with model.GPT itself.
+"""
+
+import argparse
+import ast
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+TRAIN = ROOT / 'train.py'
+
+# named variants: a name and the train.py settings that make it
+PRESETS = {
+    'sa': {'attention': 'sa'},
+    'linear': {'attention': 'linear'},
+    'hfa': {'attention': 'hfa_v1'},
+    'hfa_v2': {'attention': 'hfa_v2'},
+    'hybrid': {'attention': 'hfa_v1', 'n_hfa_head': 2},  # 2 HFA heads, the rest SA
+    'ha': {'attention': 'ha'},
+    'ha_noshare': {'attention': 'ha', 'ha_share_kv': False},
+    'ha_share': {'attention': 'ha', 'ha_share_kv': True},
+}
+REFERENCE = 'sa'
+
+
+# -----------------------------------------------------------------------------
+# configuration: train.py's defaults, then the config file, the extras, the variant
+
+def train_defaults():
+    """train.py's default config: its top-level `name = literal` assignments."""
+    defaults = {}
+    for node in ast.parse(TRAIN.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                defaults[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass  # computed values (e.g. 5 * 8) are resolved below
+    defaults['gradient_accumulation_steps'] = 5 * 8
+    return defaults
+
+
+def as_args(overrides):
+    return [f'--{k}={v}' for k, v in overrides.items()]
+
+
+def resolve(config_file, extra, overrides):
+    """The full train.py config a run will see (the same parser train.py uses)."""
+    sys.path.insert(0, str(ROOT))
+    import configurator
+    argv = ([config_file] if config_file else []) + list(extra) + as_args(overrides)
+    return configurator.load(train_defaults(), argv)
+
+
+def vocab_size(cfg):
+    import data
+    path = Path(cfg['data_dir']) if cfg['data_dir'] else ROOT / 'data' / cfg['dataset']
+    meta = data.read_meta(path) or {'tokenizer': 'gpt2', 'vocab_size': 50257}
+    v = meta.get('vocab_size', 50304)
+    return 50304 if meta.get('tokenizer') == 'gpt2' and v == 50257 else v  # as train.py
+
+
+def model_size(cfg, vocab):
+    """(non-embedding params, training FLOPs/token) of the model train.py would build."""
+    import torch
+    from model import GPT, GPTConfig
+    args = {k: cfg[k] for k in GPTConfig.__dataclass_fields__ if k in cfg}
+    args['vocab_size'] = vocab
+    with torch.device('meta'):  # shapes only: no memory, no time
+        model = GPT(GPTConfig(**args))
+    return model.get_num_params(), model.flops_per_token(cfg['block_size'])
+
+
+def tokens_per_iter(cfg):
+    return cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
+
+
+def match_size(cfg, vocab, target, measure, knob):
+    """The n_embd (a multiple of n_head) or head_dim whose size is closest to target."""
+    index = 0 if measure == 'params' else 1
+    if knob == 'n_embd':
+        step = cfg['n_head']
+        candidates = [{'n_embd': step * m} for m in range(1, 4 * cfg['n_embd'] // step + 1)]
+    else:
+        dh = cfg['head_dim'] or cfg['n_embd'] // cfg['n_head']
+        candidates = [{'head_dim': d} for d in range(1, 4 * dh + 1)]
+    best = min(candidates, key=lambda c: abs(model_size({**cfg, **c}, vocab)[index] - target))
+    return best
+
+
+def plan(args):
+    """One entry per variant: its overrides (preset + matching) and resolved config."""
+    presets = dict(PRESETS)
+    for name, *pairs in args.preset or []:
+        presets[name] = {k: ast.literal_eval(v) if v[:1] in "0123456789-.'\"[(" or v in ('True', 'False') else v
+                         for k, v in (p.split('=', 1) for p in pairs)}
+    names = [v.strip() for v in args.variants.split(',') if v.strip()]
+    unknown = [n for n in names if n not in presets]
+    if unknown:
+        sys.exit(f"unknown variant(s) {', '.join(unknown)}; presets: {', '.join(presets)} "
+                 f"(or define one: --preset NAME key=value ...)")
+    ref_cfg = resolve(args.config, args.extra, presets.get(REFERENCE, {'attention': 'sa'}))
+    vocab = vocab_size(ref_cfg)
+    ref_params, ref_flops = model_size(ref_cfg, vocab)
+    ref_tokens = ref_cfg['max_iters'] * tokens_per_iter(ref_cfg)
+    variants = []
+    for name in names:
+        overrides = dict(presets[name])
+        cfg = resolve(args.config, args.extra, overrides)
+        if args.match != 'none' and name != REFERENCE:
+            target = ref_params if args.match == 'params' else ref_flops
+            overrides.update(match_size(cfg, vocab, target, args.match, args.match_by))
+        cfg = resolve(args.config, args.extra, overrides)
+        if args.match_tokens and cfg['max_iters'] * tokens_per_iter(cfg) != ref_tokens:
+            iters = max(1, round(ref_tokens / tokens_per_iter(cfg)))
+            overrides.update(max_iters=iters, lr_decay_iters=round(cfg['lr_decay_iters'] * iters / cfg['max_iters']))
+            cfg = resolve(args.config, args.extra, overrides)
+        try:
+            params, flops = model_size(cfg, vocab)
+        except Exception as e:  # train.py will fail on it too; that failure gets reported
+            print(f"warning: variant {name}: cannot build its model ({e})")
+            params, flops = None, None
+        dh = cfg['head_dim'] or cfg['n_embd'] // max(1, cfg['n_head'])
+        variants.append({'variant': name, 'overrides': overrides, 'cfg': cfg, 'params_planned': params,
+                         'flops_planned': flops, 'shape': f"L{cfg['n_layer']} H{cfg['n_head']} "
+                                                          f"d{cfg['n_embd']} dh{dh}"})
+    return variants
+
+
+# -----------------------------------------------------------------------------
+# running: one train.py per (variant, seed), resumable
+
+def read_jsonl(path):
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line cut short by a crash
+    return rows
+
+
+def run_state(run_dir, max_iters):
+    """'done' (final evaluation logged), 'resume' (a checkpoint to continue) or 'scratch'."""
+    log = read_jsonl(run_dir / 'log.jsonl')
+    if log and log[-1]['iter'] >= max_iters:
+        return 'done'
+    return 'resume' if (run_dir / 'ckpt.pt').exists() else 'scratch'
+
+
+RUN_KEYS = ('out_dir', 'seed', 'init_from', 'always_save_checkpoint')  # set per run by this script
+
+
+def config_mismatch(run_dir, cfg):
+    """Settings where an existing run differs from what this grid asks for (run.json)."""
+    path = run_dir / 'run.json'
+    if not path.exists():
+        return {}
+    had = json.loads(path.read_text())['config']
+    return {k: (had.get(k), v) for k, v in cfg.items() if k not in RUN_KEYS and had.get(k, v) != v}
+
+
+def train_command(args, variant, seed, run_dir, state):
+    launcher = [sys.executable] if args.nproc <= 1 else \
+        ['torchrun', '--standalone', f'--nproc_per_node={args.nproc}']
+    return (launcher + [str(TRAIN)] + ([args.config] if args.config else []) + list(args.extra)
+            + as_args(variant['overrides'])
+            + [f'--seed={seed}', f'--out_dir={run_dir}', '--always_save_checkpoint=True',
+               f"--init_from={'resume' if state == 'resume' else 'scratch'}"])
+
+
+def run_one(args, variant, seed, run_dir, state):
+    """Run train.py to the end; stdout/stderr appended to files in run_dir. Returns rc."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = train_command(args, variant, seed, run_dir, state)
+    env = dict(os.environ)
+    if args.threads:
+        env['OMP_NUM_THREADS'] = str(args.threads)
+    with open(run_dir / 'stdout.txt', 'a') as out, open(run_dir / 'stderr.txt', 'a') as err:
+        header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state}: {' '.join(cmd)}\n"
+        out.write(header), err.write(header)
+        out.flush(), err.flush()
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=err).returncode
+
+
+def stderr_tail(run_dir, n=15):
+    text = (run_dir / 'stderr.txt').read_text() if (run_dir / 'stderr.txt').exists() else ''
+    last = text.rsplit('\n=== ', 1)[-1]  # this attempt only
+    return '\n'.join(last.strip().splitlines()[-n:])
+
+
+def run_grid(args, variants, seeds):
+    from tqdm import tqdm
+    todo, outcomes = [], {}
+    for v in variants:
+        for s in seeds:
+            run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
+            state = run_state(run_dir, v['cfg']['max_iters'])
+            diff = config_mismatch(run_dir, v['cfg'])
+            if diff:  # never reuse or resume a run made with other settings
+                sys.exit(f"{run_dir} was trained with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
+                         f"use another --out, or delete that run")
+            if state == 'done':
+                outcomes[v['variant'], s] = 'skipped (finished before)'
+            else:
+                todo.append((v, s, run_dir, state))
+    print(f"{len(variants) * len(seeds)} runs: {len(todo)} to train "
+          f"({sum(t[3] == 'resume' for t in todo)} resumed), {len(outcomes)} already finished")
+    bar = tqdm(total=len(variants) * len(seeds), initial=len(outcomes), desc='runs', unit='run')
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_one, args, *t): t for t in todo}
+        for f in as_completed(futures):
+            v, s, run_dir, state = futures[f]
+            rc = f.result()
+            ok = rc == 0 and run_state(run_dir, v['cfg']['max_iters']) == 'done'
+            outcomes[v['variant'], s] = f'{state}: ' + ('ok' if ok else f'FAILED (exit {rc})')
+            bar.set_postfix_str(f"{v['variant']}/seed{s} {'ok' if ok else 'FAILED'}")
+            bar.update(1)
+    bar.close()
+    return outcomes
+
+
+# -----------------------------------------------------------------------------
+# collecting and statistics
+
+def collect_run(run_dir, max_iters):
+    """One run's numbers, or None if it never logged an evaluation."""
+    log = read_jsonl(run_dir / 'log.jsonl')
+    if not log:
+        return None
+    info = json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').exists() else {}
+    final, best = log[-1], min(log, key=lambda r: r['val_loss'])
+    steps = read_jsonl(run_dir / 'train_log.jsonl')
+    train_s = sum(r['dt_s'] for r in steps)
+    return {
+        'finished': final['iter'] >= max_iters, 'iter': final['iter'],
+        'val_loss': final['val_loss'], 'val_ppl': math.exp(final['val_loss']),
+        'best_val_loss': best['val_loss'], 'best_val_ppl': math.exp(best['val_loss']),
+        'train_loss': final['train_loss'], 'tokens': final['tokens'], 'wall_s': final['elapsed_s'],
+        # from the per-step times, which survive resumes (log.jsonl's rate counts one session)
+        'tokens_per_s': final['tokens'] / train_s if train_s else final.get('tokens_per_s'),
+        'params': info.get('params', final.get('params')),
+        'flops_per_token': info.get('flops_per_token', final.get('flops_per_token')),
+        'curve': [(r['tokens'], r['val_loss']) for r in log],
+    }
+
+
+def mean_std_ci(x):
+    """Mean, sample std (ddof=1) and the 95% t-interval half-width (nan below 2 values)."""
+    from scipy import stats
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return float('nan'), float('nan'), float('nan')
+    if len(x) < 2:
+        return float(x[0]), float('nan'), float('nan')
+    std = float(x.std(ddof=1))
+    return float(x.mean()), std, float(stats.t.ppf(0.975, len(x) - 1) * std / math.sqrt(len(x)))
+
+
+def welch_p(a, b):
+    """Two-sided Welch t-test p-value (unequal variances); nan with fewer than 2 per side."""
+    from scipy import stats
+    if len(a) < 2 or len(b) < 2:
+        return float('nan')
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def summarize(args, variants, seeds, outcomes):
+    runs_by_variant = {}
+    for v in variants:
+        runs_by_variant[v['variant']] = []
+        for s in seeds:
+            run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
+            r = collect_run(run_dir, v['cfg']['max_iters'])
+            status = outcomes.get((v['variant'], s), 'not run')
+            failed = r is None or not r['finished']
+            runs_by_variant[v['variant']].append({'seed': s, 'status': status, 'failed': failed,
+                                                  'run_dir': str(run_dir), **(r or {}),
+                                                  'stderr_tail': stderr_tail(run_dir) if failed else ''})
+    ref = [r['val_loss'] for r in runs_by_variant.get(REFERENCE, []) if not r['failed']]
+    rows = []
+    for v in variants:
+        done = [r for r in runs_by_variant[v['variant']] if not r['failed']]
+        loss = [r['val_loss'] for r in done]
+        row = {'variant': v['variant'], 'n_seeds': len(done), 'seeds': [r['seed'] for r in done],
+               'shape': v['shape'], 'overrides': v['overrides'], 'match': args.match,
+               'params': done[0]['params'] if done else v['params_planned'],
+               'flops_per_token': done[0]['flops_per_token'] if done else v['flops_planned'],
+               'tokens': done[0]['tokens'] if done else None}
+        for key in ('val_loss', 'val_ppl', 'best_val_loss', 'best_val_ppl', 'tokens_per_s', 'wall_s'):
+            row[f'{key}_mean'], row[f'{key}_std'], row[f'{key}_ci95'] = mean_std_ci([r[key] for r in done])
+        row['delta_val_loss_vs_sa'] = row['val_loss_mean'] - float(np.mean(ref)) if ref and loss else float('nan')
+        row['p_vs_sa'] = welch_p(loss, ref) if v['variant'] != REFERENCE else float('nan')
+        row['failed'] = [{'seed': r['seed'], 'status': r['status'], 'iter': r.get('iter'),
+                          'stderr_tail': r['stderr_tail']} for r in runs_by_variant[v['variant']] if r['failed']]
+        row['runs'] = [{k: r.get(k) for k in ('seed', 'val_loss', 'val_ppl', 'best_val_loss', 'tokens',
+                                                 'wall_s', 'tokens_per_s', 'status')} for r in done]
+        row['curves'] = {r['seed']: r['curve'] for r in done}
+        rows.append(row)
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# reporting
+
+def fmt(x, digits=3):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return '-'
+    return f'{x:,}' if isinstance(x, int) else f'{x:.{digits}f}'
+
+
+def markdown_table(args, rows, seeds):
+    matched = {'none': 'nothing (every variant at the base config size)',
+               'params': f'non-embedding parameters (by {args.match_by})',
+               'flops': f'training FLOPs per token (by {args.match_by})'}[args.match]
+    tokens = sorted({r['tokens'] for r in rows if r['tokens'] is not None})
+    lines = [f"Matched: {matched}; tokens seen per run: "
+             f"{', '.join(f'{t:,}' for t in tokens)}{' (matched)' if args.match_tokens else ''}; "
+             f"seeds {seeds}; final val loss at the last iteration, mean ± std over seeds, "
+             f"95% CI from the t distribution, p from Welch's t-test of val loss vs {REFERENCE}.", '',
+             '| variant | shape | seeds | params | MFLOPs/tok | val loss | 95% CI | val ppl | best val loss '
+             '| Δ loss vs SA | p vs SA | tokens/s | wall s |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['shape']} | {r['n_seeds']} | {fmt(r['params'], 0)} "
+            f"| {fmt(r['flops_per_token'] and r['flops_per_token'] / 1e6, 2)} "
+            f"| {fmt(r['val_loss_mean'], 4)} ± {fmt(r['val_loss_std'], 4)} "
+            f"| [{fmt(r['val_loss_mean'] - r['val_loss_ci95'], 4)}, {fmt(r['val_loss_mean'] + r['val_loss_ci95'], 4)}] "
+            f"| {fmt(r['val_ppl_mean'], 3)} ± {fmt(r['val_ppl_std'], 3)} "
+            f"| {fmt(r['best_val_loss_mean'], 4)} | {'+' if r['delta_val_loss_vs_sa'] > 0 else ''}"
+            f"{fmt(r['delta_val_loss_vs_sa'], 4)} | {fmt(r['p_vs_sa'], 3)} "
+            f"| {fmt(r['tokens_per_s_mean'], 0)} | {fmt(r['wall_s_mean'], 0)} |")
+    failed = [(r['variant'], f) for r in rows for f in r['failed']]
+    if failed:
+        lines += ['', f'FAILED or unfinished runs ({len(failed)}), left out of the statistics:']
+        for name, f in failed:
+            lines.append(f"- {name} seed {f['seed']} ({f['status']}, last logged iter {f['iter']}):")
+            lines += ['      ' + l for l in (f['stderr_tail'] or '(no stderr)').splitlines()]
+    return '\n'.join(lines)
+
+
+def write_outputs(out, rows, table):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'results.json').write_text(json.dumps(rows, indent=1))
+    (out / 'results.md').write_text(table + '\n')
+    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds')] if rows else []
+    with open(out / 'results.csv', 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=flat + ['n_failed'], extrasaction='ignore')
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, 'n_failed': len(r['failed'])})
+
+
+def plot(rows, path, title=''):
+    """Validation loss against tokens: the mean over seeds and a min-max band."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        curves = list(r['curves'].values())
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)  # seeds share the evaluation schedule
+        tokens = np.array([p[0] for p in curves[0][:n]], dtype=float)
+        loss = np.array([[p[1] for p in c[:n]] for c in curves])
+        keep = tokens > 0  # the untrained model's loss would squash the interesting part
+        line, = ax.plot(tokens[keep], loss.mean(0)[keep],
+                        label=f"{r['variant']} ({r['params'] / 1e6:.2f}M, n={len(curves)})")
+        ax.fill_between(tokens[keep], loss.min(0)[keep], loss.max(0)[keep], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel('tokens seen')
+    ax.set_ylabel('validation loss (nats/token)')
+    ax.set_title(title or 'validation loss: mean over seeds, band = min..max')
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--config', default='', help='base train.py config file shared by every run')
+    p.add_argument('--variants', default='sa,hfa,hybrid,ha_noshare,ha_share',
+                   help=f'comma-separated preset names; presets: {", ".join(PRESETS)}')
+    p.add_argument('--preset', nargs='+', action='append', metavar=('NAME', 'KEY=VALUE'),
+                   help='define or redefine a variant: --preset NAME key=value ...')
+    p.add_argument('--seeds', type=int, default=3, help='number of seeds (0..N-1)')
+    p.add_argument('--seed_list', default='', help='explicit comma-separated seeds (overrides --seeds)')
+    p.add_argument('--out', required=True, help='output folder: runs/, results.json, results.csv, plot')
+    p.add_argument('--match', choices=('none', 'params', 'flops'), default='none')
+    p.add_argument('--match_by', choices=('n_embd', 'head_dim'), default='n_embd')
+    p.add_argument('--match_tokens', action='store_true',
+                   help="rescale a variant's max_iters so it sees as many tokens as SA")
+    p.add_argument('--nproc', type=int, default=1, help='processes per run (torchrun)')
+    p.add_argument('--jobs', type=int, default=1, help='runs trained at the same time')
+    p.add_argument('--threads', type=int, default=0, help='OMP_NUM_THREADS per run (0: leave as is)')
+    p.add_argument('--collect_only', action='store_true', help='train nothing; summarise what exists')
+    p.add_argument('--dry_run', action='store_true', help='print the plan and the commands; run nothing')
+    p.add_argument('--plot', default='', help='also save the plot here (always OUT/compare.png)')
+    args, extra = p.parse_known_args(argv)
+    bad = [e for e in extra if not (e.startswith('--') and '=' in e)]
+    if bad:
+        p.error(f"unrecognised argument(s) {' '.join(bad)}; train.py settings are given as --key=value")
+    args.extra = extra
+    if args.config:  # train.py runs from the repository root
+        args.config = str(Path(args.config).resolve())
+    args.out = str(Path(args.out).resolve())
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    seeds = [int(s) for s in args.seed_list.split(',')] if args.seed_list else list(range(args.seeds))
+    variants = plan(args)
+    for v in variants:
+        print(f"{v['variant']:>12}: {v['shape']}, {fmt(v['params_planned'])} params, "
+              f"{fmt(v['flops_planned'] and v['flops_planned'] / 1e6, 2)} MFLOPs/token, overrides {v['overrides']}")
+    if args.dry_run:
+        for v in variants:
+            print(' '.join(train_command(args, v, seeds[0], Path(args.out) / 'runs' / v['variant'] / f'seed{seeds[0]}',
+                                         'scratch')))
+        return 0
+    t0 = time.time()
+    outcomes = {} if args.collect_only else run_grid(args, variants, seeds)
+    rows = summarize(args, variants, seeds, outcomes)
+    table = markdown_table(args, rows, seeds)
+    out = Path(args.out)
+    write_outputs(out, rows, table)
+    for path in [out / 'compare.png'] + ([args.plot] if args.plot else []):
+        plot(rows, path)
+    print(table)
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'compare.png'}; "
+          f"grid wall time {time.time() - t0:.0f} s")
+    return 1 if any(r['failed'] for r in rows) else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""compare.py: the grid harness end to end on a tiny dataset (real train.py runs),
+skipping finished runs, resuming interrupted ones, reporting failures; and the
+statistics and size matching on their own."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import compare
+
+TINY = """
+device = 'cpu'
+eval_interval = 2
+eval_iters = 2
+log_interval = 1
+gradient_accumulation_steps = 1
+batch_size = 4
+block_size = 16
+n_layer = 1
+n_head = 4
+n_embd = 16
+bias = False
+learning_rate = 1e-2
+max_iters = 4
+lr_decay_iters = 4
+warmup_iters = 1
+"""
+
+
+def make_dataset(folder):
+    """A random 'character' dataset: 20 symbols, train.bin / val.bin / meta.json."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 20, 4000, dtype=np.uint16).tofile(folder / 'train.bin')
+    rng.integers(0, 20, 1000, dtype=np.uint16).tofile(folder / 'val.bin')
+    itos = [chr(97 + i) for i in range(20)]
+    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 20, 'itos': itos}))
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp('compare')
+    make_dataset(root / 'data')
+    (root / 'tiny.py').write_text(TINY)
+    return root
+
+
+def argv(tiny, *more):
+    return ['--config', str(tiny / 'tiny.py'), f'--data_dir={tiny / "data"}', '--jobs', '2', '--threads', '1', *more]
+
+
+@pytest.fixture(scope='module')
+def grid(tiny):
+    out = tiny / 'grid'
+    rc = compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out)))
+    return out, rc
+
+
+def test_grid_rows(grid):
+    out, rc = grid
+    assert rc == 0
+    rows = json.loads((out / 'results.json').read_text())
+    assert [r['variant'] for r in rows] == ['sa', 'hybrid']
+    sa, hybrid = rows
+    for r in rows:
+        assert r['n_seeds'] == 2 and r['failed'] == [] and r['tokens'] == 4 * 4 * 16
+        losses = [run['val_loss'] for run in r['runs']]
+        assert r['val_loss_mean'] == pytest.approx(np.mean(losses))
+        assert r['val_loss_std'] == pytest.approx(np.std(losses, ddof=1))
+        assert r['val_ppl_mean'] == pytest.approx(np.mean(np.exp(losses)))
+        assert r['val_loss_ci95'] == pytest.approx(stats.t.ppf(0.975, 1) * np.std(losses, ddof=1) / math.sqrt(2))
+        assert 0 < r['val_loss_mean'] < 2 * math.log(20)
+        for run_dir in (out / 'runs' / r['variant']).iterdir():
+            log = [json.loads(l) for l in (run_dir / 'log.jsonl').read_text().splitlines()]
+            assert [l['iter'] for l in log] == [0, 2, 4]
+        run = json.loads((out / 'runs' / r['variant'] / 'seed0' / 'run.json').read_text())
+        assert r['params'] == run['params'] and r['flops_per_token'] == run['flops_per_token']
+    assert hybrid['params'] > sa['params']  # the 2 HFA heads have a second query/key pair
+    assert hybrid['overrides'] == {'attention': 'hfa_v1', 'n_hfa_head': 2}
+    assert math.isnan(sa['p_vs_sa']) and 0 <= hybrid['p_vs_sa'] <= 1
+    assert hybrid['delta_val_loss_vs_sa'] == pytest.approx(hybrid['val_loss_mean'] - sa['val_loss_mean'])
+    seeds = {json.loads((out / 'runs' / 'sa' / f'seed{s}' / 'run.json').read_text())['config']['seed'] for s in (0, 1)}
+    assert seeds == {0, 1}
+    with open(out / 'results.csv') as f:
+        assert [row['variant'] for row in csv.DictReader(f)] == ['sa', 'hybrid']
+    table = (out / 'results.md').read_text()
+    assert '| sa |' in table and '| hybrid |' in table and 'FAILED' not in table
+    assert (out / 'compare.png').stat().st_size > 1000
+
+
+def test_rerun_skips_finished_and_resumes_interrupted(grid, tiny, capsys):
+    out, _ = grid
+    runs = out / 'runs'
+    watched = [runs / v / f'seed{s}' / f for v in ('sa', 'hybrid') for s in (0, 1) for f in ('log.jsonl', 'ckpt.pt')]
+    before = {p: p.stat().st_mtime_ns for p in watched}
+    assert compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out))) == 0
+    assert '0 to train' in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in watched} == before
+
+    # interrupt sa/seed1 after iteration 2: the checkpoint says 2, the log stops at 2
+    d = runs / 'sa' / 'seed1'
+    ckpt = torch.load(d / 'ckpt.pt', weights_only=True)
+    ckpt['iter_num'] = 2
+    torch.save(ckpt, d / 'ckpt.pt')
+    lines = (d / 'log.jsonl').read_text().splitlines()
+    (d / 'log.jsonl').write_text('\n'.join(lines[:2]) + '\n')
+    # hybrid/seed0 died before its first checkpoint: no ckpt.pt, a partial log
+    h = runs / 'hybrid' / 'seed0'
+    (h / 'ckpt.pt').unlink()
+    (h / 'log.jsonl').write_text((h / 'log.jsonl').read_text().splitlines()[0] + '\n')
+    untouched = runs / 'sa' / 'seed0' / 'log.jsonl'
+    untouched_mtime = untouched.stat().st_mtime_ns
+
+    assert compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out))) == 0
+    assert '2 to train (1 resumed)' in capsys.readouterr().out
+    log = (d / 'log.jsonl').read_text().splitlines()
+    assert log[:2] == lines[:2]  # kept, not redone from scratch
+    assert [json.loads(l)['iter'] for l in log] == [0, 2, 4]
+    assert 'resuming from' in (d / 'stdout.txt').read_text()
+    assert 'resuming from' not in (h / 'stdout.txt').read_text()
+    assert [json.loads(l)['iter'] for l in (h / 'log.jsonl').read_text().splitlines()] == [0, 2, 4]
+    assert untouched.stat().st_mtime_ns == untouched_mtime
+    rows = json.loads((out / 'results.json').read_text())
+    assert [r['n_seeds'] for r in rows] == [2, 2]
+
+
+def test_failed_run_is_reported(tiny, capsys):
+    out = tiny / 'broken'
+    rc = compare.main(argv(tiny, '--variants', 'broken', '--seeds', '1', '--out', str(out),
+                           '--preset', 'broken', 'attention=hfa_v1', 'n_hfa_head=99'))
+    assert rc == 1
+    row, = json.loads((out / 'results.json').read_text())
+    assert row['n_seeds'] == 0 and len(row['failed']) == 1
+    assert 'n_hfa_head' in row['failed'][0]['stderr_tail']
+    assert 'FAILED' in (out / 'results.md').read_text()
+    assert 'FAILED' in capsys.readouterr().out
+
+
+def test_match_params_and_flops(tiny, tmp_path):
+    for measure, index in (('params', 0), ('flops', 1)):
+        args = compare.parse_args(argv(tiny, '--variants', 'sa,hfa,ha_noshare', '--out', str(tmp_path),
+                                       '--match', measure, '--n_embd=64'))
+        sa, hfa, ha = compare.plan(args)
+        target = (sa['params_planned'], sa['flops_planned'])[index]
+        for v in (hfa, ha):
+            size = (v['params_planned'], v['flops_planned'])[index]
+            assert 'n_embd' in v['overrides'] and v['overrides']['n_embd'] % 4 == 0
+            assert v['overrides']['n_embd'] < 64  # both are bigger than SA at the same width
+            assert abs(size - target) < abs((sa['params_planned'], sa['flops_planned'])[index] * 0.15)
+            # the closest multiple of n_head: no neighbour is closer
+            for other in {max(4, v['overrides']['n_embd'] - 4), v['overrides']['n_embd'] + 4}:
+                cfg = compare.resolve(args.config, args.extra, {**v['overrides'], 'n_embd': other})
+                assert abs(compare.model_size(cfg, 20)[index] - target) >= abs(size - target)
+    args = compare.parse_args(argv(tiny, '--variants', 'sa,hfa', '--out', str(tmp_path), '--match', 'params',
+                                   '--match_by', 'head_dim', '--n_embd=64'))
+    sa, hfa = compare.plan(args)
+    assert hfa['overrides']['head_dim'] < 16 and hfa['cfg']['n_embd'] == 64
+
+
+def test_match_tokens_rescales_iterations(tiny, tmp_path):
+    args = compare.parse_args(argv(tiny, '--variants', 'sa,short', '--out', str(tmp_path), '--match_tokens',
+                                   '--preset', 'short', 'attention=sa', 'block_size=8'))
+    sa, short = compare.plan(args)
+    assert short['cfg']['max_iters'] == 8 and short['cfg']['lr_decay_iters'] == 8
+    assert sa['cfg']['max_iters'] * 4 * 16 == short['cfg']['max_iters'] * 4 * 8
+
+
+def test_statistics():
+    m, s, ci = compare.mean_std_ci([1.0, 2.0, 3.0])
+    assert (m, s) == (2.0, 1.0) and ci == pytest.approx(4.302653 / math.sqrt(3), rel=1e-5)
+    assert math.isnan(compare.mean_std_ci([1.0])[1])
+    assert compare.welch_p([1.0, 1.1, 0.9], [5.0, 5.2, 4.9]) < 1e-3
+    assert compare.welch_p([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == pytest.approx(1.0)
+    assert math.isnan(compare.welch_p([1.0], [2.0, 3.0]))
+
+
+def test_refuses_runs_made_with_other_settings(grid, tiny):
+    out, _ = grid
+    with pytest.raises(SystemExit, match='learning_rate'):
+        compare.main(argv(tiny, '--variants', 'sa', '--seeds', '1', '--out', str(out), '--learning_rate=0.5'))
