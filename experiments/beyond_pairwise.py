@@ -166,7 +166,7 @@ def main(argv=None):
     p.add_argument("--base_dh", type=int, default=8, help="HFA/HA head width; SA gets 1.5x")
     p.add_argument("--B", type=int, default=4000)
     p.add_argument("--B_test", type=int, default=1000)
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seeds", type=int, default=3)
@@ -176,6 +176,7 @@ def main(argv=None):
     if args.quick:
         args.B, args.B_test, args.steps, args.seeds = 300, 100, 30, 2
 
+    torch.set_num_threads(1)  # tiny tensors on a shared CPU: threads only add overhead
     results = {"config": vars(args).copy(),
                "optimiser": f"Adam lr {args.lr}, cosine decay, {args.steps} steps, batch {args.batch}",
                "attention": "model.make_attention, n_head=1, causal=False, softmax=False, bias=False"}

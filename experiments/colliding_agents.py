@@ -248,7 +248,7 @@ def main(argv=None):
     p.add_argument("--B", type=int, default=20000, help="training sequences (full batch)")
     p.add_argument("--B_test", type=int, default=2000)
     p.add_argument("--test_lengths", default="2,5,10,20,30,40")
-    p.add_argument("--steps", type=int, default=400, help="L-BFGS iterations or Adam steps")
+    p.add_argument("--steps", type=int, default=200, help="L-BFGS iterations or Adam steps")
     p.add_argument("--optim", default="lbfgs", choices=["lbfgs", "adam"])
     p.add_argument("--lr", type=float, default=0.05, help="Adam only (cosine decay)")
     p.add_argument("--w0", type=float, default=1.0, help="theory init: x(n)^T W_V(0) = w0")

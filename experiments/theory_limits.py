@@ -21,20 +21,23 @@ multisets (uniform with replacement): both solutions then agree on held-out data
     an empty list (n_always of them) meaning "always active";
   - target per position: y_i = 1 if D(s_i) is empty or some allele of D(s_i) is in the
     sequence, else 0.
-Models, trained at one length L_train and tested at other lengths:
+Models, trained either at one length L_train ('fixed') or on a range of lengths ('range'),
+and tested at lengths 2..16:
   - 'linear_sa':      y_hat = (X C X^T) X W_V,                     W_V: N x 1
   - 'linear_sa_relu': y_hat = a^T ReLU((X C X^T) X W_V + b) + a0,  W_V: N x m (a ReLU dense layer)
 Why linear SA fails: with alleles at most once and fixed length, every count vector c has
 c_mu = 1 and sum(c) = L_train, so the row M[mu, :] is only known up to t (1 - L_train e_mu).
 An always-active allele needs sum_j M[mu, s_j] = 1 at every length; the fitted row mixes
-e_mu (right) with 1 / L_train (wrong elsewhere). The ReLU can saturate instead ("any present").
+e_mu (right) with 1 / L_train (wrong elsewhere). Training on a range of lengths removes that
+null direction. "Any of k >= 2 activators" is not linear in the counts, so linear SA cannot fit
+it at any length; the ReLU layer can represent it exactly (min(1, n) = ReLU(n) - ReLU(n - 1)).
 """
 import argparse
 
 import torch
 
-from experiments.colliding_agents import LinearSA, pair_index, train
-from experiments.common import Timer, save_results, savefig, seed_all, plt
+from experiments.colliding_agents import LinearSA, train
+from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt
 
 # -----------------------------------------------------------------------------
 # (a) non-versatile data
@@ -137,14 +140,15 @@ def genotype_data(B, L, N, D, gen):
 
 
 class LinearSAReLU(torch.nn.Module):
-    """y_hat = a^T ReLU((X C X^T) X W_V + b) + a0, one-hot X: linear SA then a ReLU dense layer."""
+    """y_hat = a^T ReLU((X C X^T) X W_V + b) + a0, one-hot X: linear SA then a ReLU dense layer.
+    Init: C small, W_V ~ 1, biases b > 0 so that every unit starts alive (h = 0 at C = 0)."""
 
     def __init__(self, N, m, gen):
         super().__init__()
         dt = torch.float64
         self.C = torch.nn.Parameter(0.01 * torch.randn(N, N, generator=gen, dtype=dt))
         self.W = torch.nn.Parameter(1 + 0.1 * torch.randn(N, m, generator=gen, dtype=dt))
-        self.b = torch.nn.Parameter(torch.rand(m, generator=gen, dtype=dt) * 2 - 1)
+        self.b = torch.nn.Parameter(0.1 + torch.rand(m, generator=gen, dtype=dt))
         self.a = torch.nn.Parameter(torch.randn(m, generator=gen, dtype=dt) / m ** 0.5)
         self.a0 = torch.nn.Parameter(torch.zeros((), dtype=dt))
 
@@ -154,68 +158,129 @@ class LinearSAReLU(torch.nn.Module):
         return torch.relu(h + self.b) @ self.a + self.a0
 
 
-def train_adam(model, s, y, steps, lr):
+def group_loss(model, groups):
+    """MSE over all tokens of a list of (s, y) groups, one group per sequence length."""
+    n = sum(y.numel() for _, y in groups)
+    return sum(((model(s) - y) ** 2).sum() for s, y in groups) / n
+
+
+def fit_groups(model, groups, steps, optim, lr=0.01):
+    if optim == "lbfgs":
+        opt = torch.optim.LBFGS(model.parameters(), max_iter=steps, history_size=50,
+                                line_search_fn="strong_wolfe", tolerance_grad=1e-14,
+                                tolerance_change=1e-16)
+
+        def closure():
+            opt.zero_grad()
+            loss = group_loss(model, groups)
+            loss.backward()
+            return loss
+        opt.step(closure)
+        return
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     for _ in range(steps):
-        loss = ((model(s) - y) ** 2).mean()
+        loss = group_loss(model, groups)
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
-    return loss.item()
 
 
 @torch.no_grad()
-def split_mse(model, s, y, n_always):
-    err = (model(s) - y) ** 2
-    always = s < n_always
+def split_mse(model, groups, n_always):
+    """MSE over all tokens, over always-active alleles' tokens, and over the others."""
+    err = torch.cat([((model(s) - y) ** 2).reshape(-1) for s, y in groups])
+    always = torch.cat([(s < n_always).reshape(-1) for s, _ in groups])
     return {"all": err.mean().item(),
             "always_active": err[always].mean().item() if always.any() else None,
             "others": err[~always].mean().item()}
 
 
-def genotype(args, gen):
+def run_genotype(args, n_always, regime_lengths, gen):
+    """One seed: a fresh dictionary, data and inits; both models, both regimes."""
     N, lengths = args.N_b, [int(x) for x in args.test_lengths_b.split(",")]
+    D = activation_dictionary(N, n_always, args.k_max, gen)
+    tests = {L: [genotype_data(args.B_test, L, N, D, gen)] for L in lengths}
     out = {}
-    for n_always in (0, args.n_always):
-        D = activation_dictionary(N, n_always, args.k_max, gen)
-        s, y = genotype_data(args.B_b, args.L_b, N, D, gen)
-        tests = {L: genotype_data(args.B_test, L, N, D, gen) for L in lengths}
-        runs = {}
+    for regime, Ls in regime_lengths.items():
+        groups = [genotype_data(args.B_b // len(Ls), L, N, D, gen) for L in Ls]
         for name in ("linear_sa", "linear_sa_relu"):
             with Timer() as t:
                 if name == "linear_sa":
                     model = LinearSA(torch.eye(N, dtype=torch.float64))
-                    train(model, s, y, args.steps_b_lbfgs)
+                    fit_groups(model, groups, args.steps_b_lbfgs, "lbfgs")
                 else:
                     model = LinearSAReLU(N, args.hidden, gen)
-                    train_adam(model, s, y, args.steps_b_adam, args.lr_b)
-            runs[name] = {"train": split_mse(model, s, y, n_always),
-                          "test": {str(L): split_mse(model, *tests[L], n_always) for L in lengths},
-                          "seconds": round(t.seconds, 2)}
-            r = runs[name]
-            print(f"(b) always-active={n_always} {name:15s} train {r['train']['all']:.1e} test "
-                  + " ".join(f"L{L}:{v['all']:.1e}" for L, v in r["test"].items()), flush=True)
-        out[f"n_always_{n_always}"] = {"dictionary": D, "runs": runs,
-                                       "fraction_active_train": y.mean().item()}
+                    fit_groups(model, groups, args.steps_b_adam, "adam", args.lr_b)
+            out[regime, name] = {"train": split_mse(model, groups, n_always),
+                                 "test": {str(L): split_mse(model, tests[L], n_always)
+                                          for L in lengths},
+                                 "seconds": t.seconds, "dictionary": D}
+    return out
+
+
+def aggregate(rs, Ls):
+    """Mean (and std) over seeds of each split of each length."""
+    def stat(get):
+        vals = [get(r) for r in rs]
+        return (None, None) if vals[0] is None else (mean_std(vals)["mean"], mean_std(vals)["std"])
+    agg = {"train_lengths": Ls, "seconds": round(sum(r["seconds"] for r in rs), 1),
+           "train": {}, "test": {}, "per_seed": rs}
+    for split in ("all", "always_active", "others"):
+        agg["train"][split], agg["train"][split + "_std"] = stat(lambda r: r["train"][split])
+    for L in rs[0]["test"]:
+        agg["test"][L] = {}
+        for split in ("all", "always_active", "others"):
+            m, sd = stat(lambda r: r["test"][L][split])
+            agg["test"][L][split], agg["test"][L][split + "_std"] = m, sd
+    return agg
+
+
+def genotype(args, gen):
+    """Two dictionaries (with / without always-active alleles) x two training-length regimes
+    (one fixed length / a range of lengths) x two models, each over seeds_b seeds."""
+    regimes = {"fixed": [args.L_b], "range": [int(x) for x in args.L_b_range.split(",")]}
+    out = {}
+    for n_always in (0, args.n_always):
+        per_seed = [run_genotype(args, n_always, regimes, torch.Generator().manual_seed(100 + k))
+                    for k in range(args.seeds_b)]
+        res = {"regimes": {}}
+        for regime, Ls in regimes.items():
+            res["regimes"][regime] = {}
+            for name in ("linear_sa", "linear_sa_relu"):
+                r = aggregate([ps[regime, name] for ps in per_seed], Ls)
+                res["regimes"][regime][name] = r
+                print(f"(b) always-active={n_always} train L={regime:5s} {name:15s} "
+                      f"train {r['train']['all']:.1e} test "
+                      + " ".join(f"L{L}:{v['all']:.1e}" for L, v in r["test"].items()), flush=True)
+        out[f"n_always_{n_always}"] = res
     return out
 
 
 def figure(gp, args):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, (key, res) in zip(axes, gp.items()):
-        for name, r in res["runs"].items():
-            Ls = [int(L) for L in r["test"]]
-            ax.semilogy(Ls, [max(v["all"], 1e-12) for v in r["test"].values()], "o-", label=name)
-            if r["test"][str(Ls[0])]["always_active"] is not None:
-                ax.semilogy(Ls, [max(v["always_active"], 1e-12) for v in r["test"].values()],
-                            "x--", label=f"{name} (always-active tokens)")
-        ax.axvline(args.L_b, color="gray", lw=0.8)
-        ax.set_title(f"genotype-phenotype, {key.replace('_', ' ')}")
-        ax.set_xlabel("test length L (train length marked)")
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("test MSE")
+    keys = list(gp)
+    regimes = list(gp[keys[0]]["regimes"])
+    fig, axes = plt.subplots(len(regimes), len(keys), figsize=(11, 7), sharey=True, squeeze=False)
+    for col, key in enumerate(keys):
+        for row, regime in enumerate(regimes):
+            ax = axes[row, col]
+            for name, r in gp[key]["regimes"][regime].items():
+                Ls = [int(L) for L in r["test"]]
+                ax.errorbar(Ls, [max(v["all"], 1e-12) for v in r["test"].values()],
+                            yerr=[v["all_std"] for v in r["test"].values()], fmt="o-", label=name,
+                            capsize=3)
+                if r["test"][str(Ls[0])]["always_active"] is not None:
+                    ax.semilogy(Ls, [max(v["always_active"], 1e-12) for v in r["test"].values()],
+                                "x--", label=f"{name} (always-active tokens)")
+            for L in r["train_lengths"]:
+                ax.axvline(L, color="gray", lw=0.6)
+            ax.set_yscale("log")
+            ax.set_title(f"{key.replace('_', ' ')}, train lengths {regime}", fontsize=10)
+            ax.legend(fontsize=7)
+        axes[-1, col].set_xlabel("test length L (grey: training lengths)")
+    for row in range(len(regimes)):
+        axes[row, 0].set_ylabel("test MSE")
     return fig
 
 
@@ -228,15 +293,17 @@ def main(argv=None):
     p.add_argument("--init_scale", type=float, default=0.5, help="(a) C(0) noise of the 2nd model")
     p.add_argument("--null_scale", type=float, default=3.0, help="(a) size of the null direction")
     p.add_argument("--N_b", type=int, default=24, help="(b) number of alleles")
-    p.add_argument("--L_b", type=int, default=6, help="(b) training length")
-    p.add_argument("--B_b", type=int, default=4000)
+    p.add_argument("--L_b", type=int, default=6, help="(b) the fixed training length")
+    p.add_argument("--L_b_range", default="3,4,5,6,7,8", help="(b) the ranged training lengths")
+    p.add_argument("--B_b", type=int, default=2000)
     p.add_argument("--test_lengths_b", default="2,3,4,6,8,10,12,16")
     p.add_argument("--n_always", type=int, default=2)
     p.add_argument("--k_max", type=int, default=2, help="(b) activators per allele: 1..k_max")
-    p.add_argument("--hidden", type=int, default=8, help="(b) ReLU units")
+    p.add_argument("--hidden", type=int, default=16, help="(b) ReLU units")
     p.add_argument("--steps_b_lbfgs", type=int, default=300)
-    p.add_argument("--steps_b_adam", type=int, default=3000)
+    p.add_argument("--steps_b_adam", type=int, default=1500)
     p.add_argument("--lr_b", type=float, default=0.02)
+    p.add_argument("--seeds_b", type=int, default=3, help="(b) seeds (dictionary, data, init)")
     p.add_argument("--B_test", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
@@ -246,7 +313,8 @@ def main(argv=None):
         args.N_a, args.L_a, args.B_a, args.steps_a = 6, 3, 60, 80
         args.N_b, args.L_b, args.B_b, args.B_test = 10, 4, 200, 100
         args.test_lengths_b, args.steps_b_lbfgs, args.steps_b_adam = "2,4,6", 30, 60
-        torch.set_num_threads(1)  # tiny tensors: threads only add overhead
+        args.L_b_range, args.seeds_b = "3,4", 1
+    torch.set_num_threads(1)  # tiny tensors on a shared CPU: threads only add overhead
     gen = seed_all(args.seed)
     results = {"config": vars(args).copy(),
                "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "

@@ -89,6 +89,7 @@ def test_genotype_target_by_hand():
     D = [[], [2], [0, 3], [1], [2]]
     gen = torch.Generator().manual_seed(3)
     s, y = theory_limits.genotype_data(30, 3, 5, D, gen)
+    assert 0 < y.mean() < 1
     for seq, ys in zip(s.tolist(), y.tolist()):
         assert len(set(seq)) == len(seq)  # alleles at most once
         for mu, v in zip(seq, ys):
@@ -129,7 +130,10 @@ def test_theory_limits_quick(tmp_path):
     assert alg["min_norm_plus_null"]["test_mse"] > alg["min_norm"]["test_mse"] + 1e-3
     gp = r["genotype_phenotype"]
     assert {"n_always_0", "n_always_2"} <= set(gp)
-    assert {"linear_sa", "linear_sa_relu"} == set(gp["n_always_2"]["runs"])
+    for regime in ("fixed", "range"):
+        runs = gp["n_always_2"]["regimes"][regime]
+        assert {"linear_sa", "linear_sa_relu"} == set(runs)
+        assert set(runs["linear_sa"]["test"]) == {"2", "4", "6"}
 
 
 def test_beyond_pairwise_quick(tmp_path):
