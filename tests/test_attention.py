@@ -16,8 +16,11 @@ Weight layout assumed (and thereby tested): a head group's c_attn output is
     ha order n       q, k_1..k_{n-1}, v_1..v_{n-1}         1 + 2(n - 1)
     ha shared        q, k, v                               3
 """
+import ast
 import itertools
 import math
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -578,3 +581,36 @@ def test_variant_trains(name):
     start, end = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert start == pytest.approx(math.log(len(chars)), abs=0.5)   # starts near uniform
     assert end < start - 0.5, f'loss {start:.3f} -> {end:.3f}'
+
+
+# -----------------------------------------------------------------------------
+# 7. the config files build the model they name, with keys train.py knows
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {'sa': 'sa', 'linear': 'linear', 'hfa': 'hfa_v1', 'hfa_v2': 'hfa_v2', 'ha': 'ha'}
+
+
+def train_py_keys():
+    """The configuration variables of train.py: its top-level simple assignments."""
+    tree = ast.parse((ROOT / 'train.py').read_text())
+    return {t.id for node in tree.body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+@pytest.mark.parametrize('name', [p + n for p in ('', 'cpu_') for n in CONFIGS])
+def test_config_file(name):
+    values = {k: v for k, v in runpy.run_path(str(ROOT / 'config' / f'{name}.py')).items()
+              if not k.startswith('_')}
+    if (ROOT / 'train.py').exists():
+        unknown = set(values) - train_py_keys()
+        assert not unknown, f'config/{name}.py sets keys train.py does not have: {unknown}'
+    cfg = GPTConfig.from_dict({**values, 'vocab_size': 65})
+    assert CONFIGS[name.removeprefix('cpu_')] in cfg.layer_attentions()
+    with torch.device('meta'):
+        GPT(cfg)  # builds (no memory on the meta device)
+    if name.startswith('cpu_'):
+        assert values['dataset'] == 'shakespeare_char' and values['device'] == 'cpu'
+        assert values['compile'] is False and values['out_dir'] == f"out-cpu-{name[4:]}"
+    else:
+        assert values['dataset'] == 'openwebtext' and values['out_dir'] == f'out-{name}'
+        assert cfg.n_layer == 12 and cfg.n_embd == 768 and cfg.block_size == 1024

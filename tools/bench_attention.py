@@ -29,10 +29,10 @@ VARIANTS = {  # name -> GPTConfig overrides
     'hfa_v1 no softmax': dict(attention='hfa_v1', softmax=False),
     'ha': dict(attention='ha'),
     'ha shared': dict(attention='ha', ha_share_kv=True),
-    'ha w=(32,8)': dict(attention='ha', ha_window1=32, ha_window2=8),
+    'ha w=32/8': dict(attention='ha', ha_window1=32, ha_window2=8),
     'ha no softmax': dict(attention='ha', softmax=False),
     'ha order 4': dict(attention='ha', ha_order=4),
-    'sa,sa,sa,ha': dict(attn_layers='sa,sa,sa,ha'),
+    'sa sa sa ha': dict(attn_layers='sa,sa,sa,ha'),
 }
 NOT_RUN = {'ha order 4'}  # reference kernel materialises B*H*T^4 weights: not run at T = 128
 
