@@ -73,7 +73,7 @@ def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2
 def _default_block_q(Tq, window2):
     # Rows of a logit block are bq*b1; the j2 span of a query block is about bq + w2, so
     # with a narrow second window a large bq mostly computes masked-out logits.
-    bq = 32 if not window2 else max(8, min(32, window2))
+    bq = 16 if not window2 else max(8, min(32, window2))
     return min(bq, Tq)
 
 

@@ -209,7 +209,10 @@ class HFAHeads(Heads):
         v = v.prod(0)  # hfa_v1: the only value stream; hfa_v2: the Hadamard product
         if self.use_kron:
             return self.mix_kron(q, k, v, offset)
-        w = (q @ k.transpose(-2, -1)).prod(0) * self.dh ** (-0.5 * len(q))
+        s = q @ k.transpose(-2, -1)  # (A, B, H, Tq, Tk); multiply the factors out one by one:
+        w = s[0] * self.dh ** (-0.5 * len(q))  # Tensor.prod's backward is ~2x slower (zero checks)
+        for sa in s[1:]:
+            w = w * sa
         m = self.mask(q[0], k[0], offset)
         if self.cfg.softmax:
             w = torch.softmax(w.masked_fill(~m, float('-inf')), dim=-1)
