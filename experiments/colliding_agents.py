@@ -230,7 +230,8 @@ def figure(model, kind, args):
     ref = set_params(LinearSA(model.P), *devised(args.N, args.R, kind))
     panels = [("devised C", ref.C), ("learned C", model.C),
               ("devised Ct*Wt", ref.interaction()), ("learned Ct*Wt", model.interaction())]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    fig.subplots_adjust(wspace=0.35)
     for ax, (title, A) in zip(axes, panels):
         A = A.detach().numpy()
         v = abs(A).max()
@@ -282,7 +283,7 @@ def main(argv=None):
                   f"equiv {res['equivalence_msd']:.2e} ({res['train_seconds']} s)", flush=True)
             if init == "theory":
                 savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
-    save_results(args.out, results)
+            save_results(args.out, results)  # after every run: long jobs keep partial results
     return results
 
 

@@ -33,6 +33,8 @@ null direction. "Any of k >= 2 activators" is not linear in the counts, so linea
 it at any length; the ReLU layer can represent it exactly (min(1, n) = ReLU(n) - ReLU(n - 1)).
 """
 import argparse
+import json
+import os
 
 import torch
 
@@ -265,14 +267,15 @@ def figure(gp, args):
     for col, key in enumerate(keys):
         for row, regime in enumerate(regimes):
             ax = axes[row, col]
-            for name, r in gp[key]["regimes"][regime].items():
+            for i, (name, r) in enumerate(gp[key]["regimes"][regime].items()):
                 Ls = [int(L) for L in r["test"]]
-                ax.errorbar(Ls, [max(v["all"], 1e-12) for v in r["test"].values()],
-                            yerr=[v["all_std"] for v in r["test"].values()], fmt="o-", label=name,
-                            capsize=3)
+                m = [max(v["all"], 1e-12) for v in r["test"].values()]
+                low = [min(v["all_std"], 0.9 * x) for v, x in zip(r["test"].values(), m)]
+                ax.errorbar(Ls, m, yerr=[low, [v["all_std"] for v in r["test"].values()]],
+                            fmt="o-", color=f"C{i}", label=name, capsize=3)
                 if r["test"][str(Ls[0])]["always_active"] is not None:
-                    ax.semilogy(Ls, [max(v["always_active"], 1e-12) for v in r["test"].values()],
-                                "x--", label=f"{name} (always-active tokens)")
+                    ax.semilogy(Ls, [max(v["always_active"], 1e-16) for v in r["test"].values()],
+                                "x--", color=f"C{i}", label=f"{name} (always-active tokens)")
             for L in r["train_lengths"]:
                 ax.axvline(L, color="gray", lw=0.6)
             ax.set_yscale("log")
@@ -307,8 +310,15 @@ def main(argv=None):
     p.add_argument("--B_test", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--replot", action="store_true", help="redraw the figure from OUT/results.json")
     p.add_argument("--out", default="results/theory_limits")
     args = p.parse_args(argv)
+    if args.replot:
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)
+        args.L_b = results["config"]["L_b"]
+        savefig(figure(results["genotype_phenotype"], args), args.out, "ia_genotype_phenotype.png")
+        return results
     if args.quick:
         args.N_a, args.L_a, args.B_a, args.steps_a = 6, 3, 60, 80
         args.N_b, args.L_b, args.B_b, args.B_test = 10, 4, 200, 100
