@@ -339,6 +339,10 @@ def fmt(x, digits=3):
     return f'{x:,}' if isinstance(x, int) else f'{x:.{digits}f}'
 
 
+def pfmt(p):
+    return '-' if math.isnan(p) else f'{p:.3f}' if p >= 0.001 else f'{p:.1e}'
+
+
 def markdown_table(args, rows, seeds):
     matched = {'none': 'nothing (every variant at the base config size)',
                'params': f'non-embedding parameters (by {args.match_by})',
@@ -359,7 +363,7 @@ def markdown_table(args, rows, seeds):
             f"| [{fmt(r['val_loss_mean'] - r['val_loss_ci95'], 4)}, {fmt(r['val_loss_mean'] + r['val_loss_ci95'], 4)}] "
             f"| {fmt(r['val_ppl_mean'], 3)} ± {fmt(r['val_ppl_std'], 3)} "
             f"| {fmt(r['best_val_loss_mean'], 4)} | {'+' if r['delta_val_loss_vs_sa'] > 0 else ''}"
-            f"{fmt(r['delta_val_loss_vs_sa'], 4)} | {fmt(r['p_vs_sa'], 3)} "
+            f"{fmt(r['delta_val_loss_vs_sa'], 4)} | {pfmt(r['p_vs_sa'])} "
             f"| {fmt(r['tokens_per_s_mean'], 0)} | {fmt(r['wall_s_mean'], 0)} |")
     failed = [(r['variant'], f) for r in rows for f in r['failed']]
     if failed:
