@@ -116,12 +116,19 @@ def match_size(cfg, vocab, target, measure, knob):
     return best
 
 
+def literal(text):
+    """A Python literal if it is one (2, 1e-3, True), else the string itself, as configurator."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def plan(args):
     """One entry per variant: its overrides (preset + matching) and resolved config."""
     presets = dict(PRESETS)
     for name, *pairs in args.preset or []:
-        presets[name] = {k: ast.literal_eval(v) if v[:1] in "0123456789-.'\"[(" or v in ('True', 'False') else v
-                         for k, v in (p.split('=', 1) for p in pairs)}
+        presets[name] = {k: literal(v) for k, v in (p.split('=', 1) for p in pairs)}
     names = [v.strip() for v in args.variants.split(',') if v.strip()]
     unknown = [n for n in names if n not in presets]
     if unknown:
@@ -129,7 +136,10 @@ def plan(args):
                  f"(or define one: --preset NAME key=value ...)")
     ref_cfg = resolve(args.config, args.extra, presets.get(REFERENCE, {'attention': 'sa'}))
     vocab = vocab_size(ref_cfg)
-    ref_params, ref_flops = model_size(ref_cfg, vocab)
+    try:
+        ref_params, ref_flops = model_size(ref_cfg, vocab)
+    except Exception as e:
+        sys.exit(f"the reference ({REFERENCE}) model of this config cannot be built: {e}")
     ref_tokens = ref_cfg['max_iters'] * tokens_per_iter(ref_cfg)
     variants = []
     for name in names:
