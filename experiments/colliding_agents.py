@@ -228,7 +228,10 @@ def run_one(args, kind, init, gen, data, tests):
 def figure(model, kind, args):
     """Devised C, learned C, devised Ct*Wt, learned Ct*Wt (cf. [IA] Fig. 2-3)."""
     ref = set_params(LinearSA(model.P), *devised(args.N, args.R, kind))
-    panels = [("devised C", ref.C), ("learned C", model.C),
+    # the sinusoidal C is diagonal with small entries: zoom in so the structure is visible
+    k = args.N if kind == "onehot" else min(args.N, 40)
+    zoom = "" if k == args.N else f" [:{k}, :{k}]"
+    panels = [(f"devised C{zoom}", ref.C[:k, :k]), (f"learned C{zoom}", model.C[:k, :k]),
               ("devised Ct*Wt", ref.interaction()), ("learned Ct*Wt", model.interaction())]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     fig.subplots_adjust(wspace=0.35)
