@@ -54,7 +54,7 @@ class GPTConfig:
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
 
     def __post_init__(self):
-        for kind in self.layer_attentions():
+        for kind in {self.attention, *self.layer_attentions()}:
             if kind not in ATTENTIONS:
                 raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(ATTENTIONS)}")
         if self.attn_layers and len(self.layer_attentions()) != self.n_layer:
@@ -67,6 +67,8 @@ class GPTConfig:
             raise ValueError(f"n_hfa_head={self.n_hfa_head} exceeds n_head={self.n_head}")
         if self.hfa_order < 1 or self.ha_order < 2:
             raise ValueError("hfa_order must be >= 1 and ha_order >= 2")
+        if min(self.ha_window1, self.ha_window2, self.head_dim) < 0:
+            raise ValueError("ha_window1, ha_window2 and head_dim must be >= 0 (0: full / default)")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
 
@@ -252,7 +254,9 @@ class HAHeads(Heads):
     [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
     windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
     (2-simplicial attention, Roy et al. 2025). Order 3 runs blockwise with an online softmax
-    (hyperattention.py): no T x T x T tensor. Order >= 4 uses the materialising reference."""
+    (hyperattention.py): no T x T x T tensor. Order >= 4 uses the materialising reference.
+    Dropout on the attention weights is not applied here (the kernel never forms them); the
+    residual dropout after W_O is."""
 
     def __init__(self, cfg, n_heads):
         self.n_k = self.n_v = 1 if cfg.ha_share_kv else cfg.ha_order - 1
