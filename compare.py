@@ -476,8 +476,9 @@ def main(argv=None):
     table = markdown_table(args, rows, seeds)
     out = Path(args.out)
     write_outputs(out, rows, table)
+    title = f"validation loss, mean over {len(seeds)} seeds (band: min..max); matched: {args.match}"
     for path in [out / 'compare.png'] + ([args.plot] if args.plot else []):
-        plot(rows, path)
+        plot(rows, path, title)
     print(table)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'compare.png'}; "
           f"grid wall time {time.time() - t0:.0f} s")
