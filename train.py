@@ -396,7 +396,7 @@ while True:
         last = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'],
                 'val_ppl': math.exp(min(losses['val'], 50)), 'lr': lr, 'tokens': iter_num * tokens_per_iter,
                 'elapsed_s': round(elapsed(), 3),
-                'tokens_per_s': round((iter_num - start_iter) * tokens_per_iter / train_time, 1) if train_time else None,
+                'tokens_per_s': round(iter_num * tokens_per_iter / train_time, 1) if train_time else None,
                 'params': n_params, 'flops_per_token': flops_per_token, 'skipped_steps': skipped_steps}
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
