@@ -43,7 +43,7 @@ class GPTConfig:
     attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
     head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
     causal: bool = True         # False only for the set-to-set experiments, never for an LM
-    softmax: bool = True        # False drops the softmax of hfa/ha (their "linear" forms)
+    softmax: bool = True        # False drops the softmax of every variant ('sa' then is 'linear')
     linear_norm: bool = False   # linear: divide by the number of visible keys (i + 1)
     hfa_order: int = 2          # A, the number of score factors multiplied together
     n_hfa_head: int = -1        # -1: every head is HFA; else that many HFA heads, the rest SA
@@ -287,13 +287,14 @@ class Attention(nn.Module):
     def __init__(self, cfg, kind):
         super().__init__()
         H = cfg.n_head
+        SAHeads = SoftmaxHeads if cfg.softmax else LinearHeads
         if kind == 'sa':
-            groups = [SoftmaxHeads(cfg, H)]
+            groups = [SAHeads(cfg, H)]
         elif kind == 'linear':
             groups = [LinearHeads(cfg, H)]
         elif kind in ('hfa_v1', 'hfa_v2'):
             n_hfa = H if cfg.n_hfa_head < 0 else cfg.n_hfa_head
-            groups = [SoftmaxHeads(cfg, H - n_hfa)] if n_hfa < H else []
+            groups = [SAHeads(cfg, H - n_hfa)] if n_hfa < H else []
             groups += [HFAHeads(cfg, n_hfa, values_product=kind == 'hfa_v2')] if n_hfa else []
         elif kind == 'ha':
             groups = [HAHeads(cfg, H)]

@@ -376,6 +376,14 @@ def test_hfa_order1_equals_sa():
         torch.testing.assert_close(full_logits(hfa, idx), full_logits(sa, idx), rtol=1e-10, atol=1e-12)
 
 
+def test_sa_without_softmax_is_linear():
+    lin = randomise(GPT(GPTConfig(**{**BASE, 'attention': 'linear'})).to(DT), seed=12, scale=0.3)
+    sa = GPT(GPTConfig(**{**BASE, 'softmax': False})).to(DT)
+    sa.load_state_dict(lin.state_dict())
+    idx = torch.randint(0, 13, (2, 10), generator=torch.Generator().manual_seed(13))
+    torch.testing.assert_close(full_logits(sa, idx), full_logits(lin, idx), rtol=1e-10, atol=1e-12)
+
+
 def test_hfa_order2_differs_from_sa():
     """The identity above is not vacuous: with A = 2 the scores are a product."""
     cfg = GPTConfig(**{**BASE, 'attention': 'hfa_v1', 'hfa_order': 2})
