@@ -3,9 +3,9 @@
 out_dir = 'out-quickstart'
 dataset = 'shakespeare_char'
 device = 'cpu'
-eval_interval = 100
+eval_interval = 250
 eval_iters = 20
-log_interval = 25
+log_interval = 100
 always_save_checkpoint = False
 
 gradient_accumulation_steps = 1
@@ -20,8 +20,8 @@ bias = False
 attention = 'sa'
 
 learning_rate = 2e-3
-max_iters = 600
-lr_decay_iters = 600
+max_iters = 1500
+lr_decay_iters = 1500
 min_lr = 2e-4
 warmup_iters = 50
 beta2 = 0.99
