@@ -156,7 +156,7 @@ def run_case(case):
         del ref_model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         idx = torch.randint(cfg.vocab_size, (B, T + 1), device=dev)
-        xb, yb = idx[:, :-1], idx[:, 1:]
+        xb, yb = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
 
         def step():
             _, loss = model(xb, yb)

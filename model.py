@@ -306,8 +306,8 @@ class Attention(nn.Module):
 
     def forward(self, x, kv=None, offset=0):
         B, T, _ = x.shape
-        y = torch.cat([g(x, None if kv is None else kv.setdefault(i, {}), offset)
-                       for i, g in enumerate(self.groups)], dim=1)  # (B, H, T, dh)
+        ys = [g(x, None if kv is None else kv.setdefault(i, {}), offset) for i, g in enumerate(self.groups)]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)  # (B, H, T, dh); one group: no copy
         y = y.transpose(1, 2).reshape(B, T, -1)
         return self.resid_dropout(self.c_proj(y))
 
@@ -412,7 +412,7 @@ class GPT(nn.Module):
             cache.pos += T
         if targets is not None:
             logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         else:  # inference: only the last position is needed
             logits, loss = self.lm_head(x[:, [-1], :]), None
         return logits, loss
