@@ -470,4 +470,5 @@ if master and last:
 if wandb:
     wandb.finish()
 if ddp:
+    dist.barrier()  # every process past its last collective before the group is torn down
     dist.destroy_process_group()
