@@ -277,7 +277,7 @@ def collect_run(run_dir, max_iters):
         'val_loss': final['val_loss'], 'val_ppl': math.exp(final['val_loss']),
         'best_val_loss': best['val_loss'], 'best_val_ppl': math.exp(best['val_loss']),
         'train_loss': final['train_loss'], 'tokens': final['tokens'], 'wall_s': final['elapsed_s'],
-        # from the per-step times, which survive resumes (the rate in log.jsonl once counted only the last resume)
+        # from the per-step times in train_log.jsonl (pure training time, across resumes)
         'tokens_per_s': final['tokens'] / train_s if train_s else final.get('tokens_per_s'),
         'params': info.get('params', final.get('params')),
         'flops_per_token': info.get('flops_per_token', final.get('flops_per_token')),
