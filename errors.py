@@ -5,6 +5,7 @@ Every script imports this module; its exception hook turns an uncaught UserError
 because that is a bug, not a user mistake.
 """
 
+import os
 import sys
 
 
@@ -14,7 +15,10 @@ class UserError(Exception):
 
 def _hook(kind, value, tb, _default=sys.excepthook):
     if issubclass(kind, UserError):
-        print(f"error: {value}", file=sys.stderr, flush=True)
+        # the real stderr: torch.distributed wraps this hook and buffers sys.stderr; under
+        # torchrun every process meets the same bad input, so rank 0 alone says it
+        if os.environ.get('RANK', '0') == '0':
+            print(f"error: {value}", file=sys.__stderr__, flush=True)
         sys.exit(2)  # inside the hook, so the interpreter exits with 2 instead of 1
     if issubclass(kind, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)

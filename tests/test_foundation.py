@@ -289,3 +289,13 @@ def test_missing_data_names_the_prepare_command(tmp_path):
 def test_block_size_larger_than_data(char_data, tmp_path):
     r = run(tiny_args(char_data, tmp_path / 'o', block_size=100000), check=False)
     assert r.returncode != 0 and 'not enough for block_size=100000' in r.stderr
+
+
+def test_bad_input_under_torchrun_still_says_what_is_wrong(char_data, tmp_path):
+    """torch.distributed wraps the exception hook and buffers stderr; the message must get out."""
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                        *tiny_args(char_data, tmp_path / 'o', gradient_accumulation_steps=3)],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.splitlines() if l.startswith('error:')]
+    assert lines == ["error: gradient_accumulation_steps=3 is not divisible by the 2 processes; make it a multiple"]
