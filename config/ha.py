@@ -8,30 +8,8 @@
 # Set attention='ha', attn_layers='' and drop the windows for the paper's all-HA model (a
 # block_size of ~128 is then affordable). ha_share_kv=True gives the weight-shared HA row
 # (reported 51.26).
-dataset = 'openwebtext'
-eval_interval = 1000
-eval_iters = 200
-log_interval = 10
+from config.sa import *  # the shared recipe; only what follows differs
 
-batch_size = 12
-block_size = 1024
-gradient_accumulation_steps = 5 * 8
-
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
-attention = 'sa'
-
-learning_rate = 6e-4
-max_iters = 600000
-lr_decay_iters = 600000
-min_lr = 6e-5
-warmup_iters = 2000
-weight_decay = 1e-1
-
-# this variant
 out_dir = 'out-ha'
 wandb_run_name = 'ha'
 attn_layers = 'sa,sa,sa,ha,sa,sa,sa,ha,sa,sa,sa,ha'

@@ -5,29 +5,8 @@
 # dh = 64 here (d/H): 2A+1 = 5 projection streams per head, +2 x 768 x 768 parameters per
 # layer vs sa. For an equal-width comparison use head_dim = n_embd // (n_head * hfa_order) = 32;
 # for [IA]'s hybrid use n_hfa_head = 6 (6 SA + 6 HFA heads in every layer).
-dataset = 'openwebtext'
-eval_interval = 1000
-eval_iters = 200
-log_interval = 10
+from config.sa import *  # the shared recipe; only what follows differs
 
-batch_size = 12
-block_size = 1024
-gradient_accumulation_steps = 5 * 8
-
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
-
-learning_rate = 6e-4
-max_iters = 600000
-lr_decay_iters = 600000
-min_lr = 6e-5
-warmup_iters = 2000
-weight_decay = 1e-1
-
-# this variant
 out_dir = 'out-hfa'
 wandb_run_name = 'hfa_v1'
 attention = 'hfa_v1'
