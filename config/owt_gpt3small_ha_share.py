@@ -2,13 +2,8 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/owt_gpt3small_ha_share.py
 # Several seeds and the table: python compare.py --config config/owt_gpt3small_sa.py \
 #   --variants sa,hfa,hfa_v2 --nproc 8 --out out-owt-gpt3small   (see RESULTS.md)
-from config.owt_gpt3small_sa import *  # the shared recipe; only what follows differs
+from config.owt_gpt3small_ha import *  # the HA recipe; only the weight sharing differs
 
 out_dir = 'out-owt-gpt3small-ha_share'
 wandb_run_name = 'gpt3small-ha_share'
-attention = 'sa'
-attn_layers = 'sa,sa,sa,ha,sa,sa,sa,ha,sa,sa,sa,ha'
 ha_share_kv = True
-ha_window1 = 512
-ha_window2 = 32
-compile = False  # the blockwise HA kernel is untested under torch.compile
