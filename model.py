@@ -52,6 +52,7 @@ class GPTConfig:
     ha_share_kv: bool = False   # K2 = K1 and V2 = V1 (the weight-shared HA)
     ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
+    attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -67,8 +68,11 @@ class GPTConfig:
             raise ValueError(f"n_hfa_head={self.n_hfa_head} exceeds n_head={self.n_head}")
         if self.hfa_order < 1 or self.ha_order < 2:
             raise ValueError("hfa_order must be >= 1 and ha_order >= 2")
-        if min(self.ha_window1, self.ha_window2, self.head_dim) < 0:
-            raise ValueError("ha_window1, ha_window2 and head_dim must be >= 0 (0: full / default)")
+        if min(self.ha_window1, self.ha_window2, self.attn_window, self.head_dim) < 0:
+            raise ValueError("ha_window1, ha_window2, attn_window and head_dim must be >= 0 (0: full / default)")
+        if self.attn_window and set(self.layer_attentions()) == {'ha'}:
+            raise ValueError("attn_window applies to sa, linear and hfa heads and this model has none; "
+                             "window HyperAttention with ha_window1 / ha_window2")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
 
@@ -141,8 +145,13 @@ class Heads(nn.Module):
             kv['k'], kv['v'] = k, v
         return self.mix(q, k, v, offset)
 
-    def mask(self, q, k, offset, window=0):
-        return visible(q.size(-2), k.size(-2), offset, self.cfg.causal, window, q.device)
+    def mask(self, q, k, offset):
+        """Which keys each query may read: causal, within the last attn_window positions."""
+        return visible(q.size(-2), k.size(-2), offset, self.cfg.causal, self.window, q.device)
+
+    @property
+    def window(self):
+        return self.cfg.attn_window if self.cfg.causal else 0  # a window is a causal notion
 
     def weights_dropout(self, w):
         return F.dropout(w, self.dropout, self.training) if self.dropout else w
@@ -154,26 +163,28 @@ class Heads(nn.Module):
 
 class SoftmaxHeads(Heads):
     """Softmax self-attention: head_i = sum_{j<=i} softmax_j(q_i . k_j / sqrt(dh)) v_j.
-    Fused kernels through torch's scaled_dot_product_attention."""
+    Fused kernels through torch's scaled_dot_product_attention. With attn_window = w the
+    sum runs over the last w positions only, i - w < j <= i (sliding-window attention)."""
 
     def mix(self, q, k, v, offset):
         q, k, v = q[0], k[0], v[0]
         drop = self.dropout if self.training else 0.0
-        if not self.cfg.causal or (q.size(-2) == 1 and offset == k.size(-2) - 1):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        if q.size(-2) == k.size(-2):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        if not self.window:  # the mask-free forms SDPA runs fastest
+            if not self.cfg.causal or (q.size(-2) == 1 and offset == k.size(-2) - 1):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+            if q.size(-2) == k.size(-2):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(q, k, offset), dropout_p=drop)
 
     def mix_flops(self, T):
-        return 4 * self.dh * mean_visible(T, self.cfg.causal)
+        return 4 * self.dh * mean_visible(T, self.cfg.causal, self.window)
 
 
 class LinearHeads(Heads):
     """Linear self-attention [IA Eq. 1]: the softmax removed, nothing else,
         head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
-    Our choice (SPEC 1.2): with linear_norm=True the sum is divided by the number of
-    visible keys (i + 1), which keeps activations O(1) for long contexts; off by default."""
+    Our choice: with linear_norm=True the sum is divided by the number of visible keys
+    (i + 1, or the window), which keeps activations O(1) for long contexts; off by default."""
 
     def mix(self, q, k, v, offset):
         q, k, v = q[0], k[0], v[0]
@@ -184,7 +195,7 @@ class LinearHeads(Heads):
         return self.weights_dropout(w) @ v
 
     def mix_flops(self, T):
-        return 4 * self.dh * mean_visible(T, self.cfg.causal)
+        return 4 * self.dh * mean_visible(T, self.cfg.causal, self.window)
 
 
 class HFAHeads(Heads):
@@ -226,14 +237,14 @@ class HFAHeads(Heads):
         ql, kl = lift(q), lift(k)
         scale = self.dh ** (-0.5 * len(q))
         drop = self.dropout if self.training else 0.0
-        if self.cfg.causal and ql.size(-2) == kl.size(-2):
+        if self.cfg.causal and not self.window and ql.size(-2) == kl.size(-2):
             return F.scaled_dot_product_attention(ql, kl, v, dropout_p=drop, is_causal=True, scale=scale)
         m = self.mask(ql, kl, offset) if self.cfg.causal else None
         return F.scaled_dot_product_attention(ql, kl, v, attn_mask=m, dropout_p=drop, scale=scale)
 
     def mix_flops(self, T):
         A = self.n_q  # A score matmuls, A - 1 elementwise products, one value matmul
-        return (2 * A * self.dh + (A - 1) + 2 * self.dh) * mean_visible(T, self.cfg.causal)
+        return (2 * A * self.dh + (A - 1) + 2 * self.dh) * mean_visible(T, self.cfg.causal, self.window)
 
 
 def lift(x):
@@ -250,13 +261,16 @@ class HAHeads(Heads):
         A[i]             = softmax over all pairs (j1, j2) with j1 <= i and j2 <= i
         head[i]          = sum_{j1,j2} A[i, j1, j2] V1[j1] * V2[j2]         (elementwise)
     Order n: n - 1 keys, one joint softmax over (n-1)-tuples, value = product of n - 1 values.
-    Our choices (SPEC 1.4): the causal rule above (ordered pairs, position 0 sees only (0, 0));
+    Our choices: the causal rule above (ordered pairs, position 0 sees only (0, 0));
     [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
     windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
-    (2-simplicial attention, Roy et al. 2025). Order 3 runs blockwise with an online softmax
-    (hyperattention.py): no T x T x T tensor. Order >= 4 uses the materialising reference.
+    (2-simplicial attention, Roy et al. 2025; for order >= 4 the slots beyond the second are
+    full). Order 3 runs blockwise with an online softmax (hyperattention.py): no T x T x T
+    tensor. Order >= 4 uses the materialising reference.
     Dropout on the attention weights is not applied here (the kernel never forms them); the
     residual dropout after W_O is."""
+
+    window = 0  # HA has its own windows, ha_window1 and ha_window2; attn_window is not one
 
     def __init__(self, cfg, n_heads):
         self.n_k = self.n_v = 1 if cfg.ha_share_kv else cfg.ha_order - 1
@@ -269,7 +283,8 @@ class HAHeads(Heads):
         if n == 2:
             return hyper_attention(q[0], k[0], k[1], v[0], v[1], offset=offset, causal=c.causal,
                                    window1=c.ha_window1, window2=c.ha_window2, softmax=c.softmax)
-        masks = [self.mask(q[0], k[0], offset)] * n
+        windows = [c.ha_window1, c.ha_window2] + [0] * (n - 2)  # slots beyond the second: full
+        masks = [visible(q.size(-2), k.size(-2), offset, c.causal, w, q.device) for w in windows]
         return hyper_attention_reference(q[0], list(k), list(v), masks, softmax=c.softmax)
 
     def mix_flops(self, T):

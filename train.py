@@ -73,6 +73,7 @@ ha_order = 3
 ha_share_kv = False
 ha_window1 = 0
 ha_window2 = 0
+attn_window = 0                 # sliding window of sa, linear and hfa heads (0: full causal)
 # adamw optimizer
 learning_rate = 6e-4
 max_iters = 600000

@@ -1,4 +1,4 @@
-"""The attention family of model.py, checked against SPEC.md section 1.
+"""The attention family of model.py, checked against its definitions (README, [IA] Sec. 4-6).
 
 Every variant's `Attention` layer is compared with a naive reference written here
 straight from the formulas: explicit Python loops over batch, heads, query positions
@@ -68,11 +68,20 @@ VARIANTS = {
     'ha_shared_nosoftmax': dict(attention='ha', softmax=False, ha_share_kv=True),
     'ha4':              dict(attention='ha', ha_order=4),
     'ha4_shared':       dict(attention='ha', ha_order=4, ha_share_kv=True),
+    'ha4_windows':      dict(attention='ha', ha_order=4, ha_window1=3, ha_window2=2),
     'sa_noncausal':     dict(attention='sa', causal=False),
     'linear_noncausal': dict(attention='linear', causal=False),
     'hfa_v1_noncausal': dict(attention='hfa_v1', causal=False),
     'hfa_v2_noncausal': dict(attention='hfa_v2', causal=False, hfa_kron='off'),
     'ha_noncausal':     dict(attention='ha', causal=False),
+    'sa_window':        dict(attention='sa', attn_window=3),
+    'linear_window':    dict(attention='linear', attn_window=3),
+    'linear_norm_window': dict(attention='linear', linear_norm=True, attn_window=4),
+    'hfa_v1_window':    dict(attention='hfa_v1', attn_window=3),               # kron path
+    'hfa_v2_window':    dict(attention='hfa_v2', attn_window=2, hfa_kron='off'),  # explicit scores
+    'hfa_mixed_window': dict(attention='hfa_v1', n_head=4, n_hfa_head=2, hfa_order=2,
+                             head_dim=16 // (4 * 2), attn_window=3),
+    'sa_window_noncausal': dict(attention='sa', attn_window=3, causal=False),  # no window without causality
 }
 
 
@@ -81,10 +90,10 @@ def config(name, **kw):
 
 
 # -----------------------------------------------------------------------------
-# the naive reference, straight from SPEC.md section 1
+# the naive reference, straight from the formulas
 
 def visible(i, j, causal, window=0):
-    """SPEC: causal LM, position i reads j <= i; a window w also needs i - j < w."""
+    """Causal LM: position i reads j <= i; a window w also needs i - j < w."""
     if not causal:
         return True
     return j <= i and (window == 0 or i - j < window)
@@ -97,33 +106,33 @@ def softmax_list(scores):
     return [ei / z for ei in e]
 
 
-def ref_sa_head(q, k, v, causal):
+def ref_sa_head(q, k, v, causal, window=0):
     T, dh = q.shape
     out = []
     for i in range(T):
-        js = [j for j in range(T) if visible(i, j, causal)]
+        js = [j for j in range(T) if visible(i, j, causal, window)]
         p = softmax_list([torch.dot(q[i], k[j]) / math.sqrt(dh) for j in js])
         out.append(sum(pj * v[j] for pj, j in zip(p, js)))
     return torch.stack(out)
 
 
-def ref_linear_head(q, k, v, causal, norm):
+def ref_linear_head(q, k, v, causal, norm, window=0):
     T, dh = q.shape
     out = []
     for i in range(T):
-        js = [j for j in range(T) if visible(i, j, causal)]
+        js = [j for j in range(T) if visible(i, j, causal, window)]
         o = sum((torch.dot(q[i], k[j]) / math.sqrt(dh)) * v[j] for j in js)
         out.append(o / len(js) if norm else o)
     return torch.stack(out)
 
 
-def ref_hfa_head(qs, ks, vs, causal, softmax):
+def ref_hfa_head(qs, ks, vs, causal, softmax, window=0):
     """scores_ij = prod_a (q_a,i . k_a,j / sqrt dh); one softmax after the product;
     value_j = prod over the value streams (one for v1, A for v2)."""
     T, dh = qs[0].shape
     out = []
     for i in range(T):
-        js = [j for j in range(T) if visible(i, j, causal)]
+        js = [j for j in range(T) if visible(i, j, causal, window)]
         scores = []
         for j in js:
             s = torch.ones((), dtype=qs[0].dtype)
@@ -203,12 +212,13 @@ def ref_attention(layer, cfg, kind, x):
             st = project(g.c_attn, x[b], S, H, dh)
             for h in range(H):
                 s = [st[c][h] for c in range(S)]
+                w = cfg.attn_window  # sliding window of the sa, linear and hfa heads
                 if gk == 'sa':
-                    heads.append(ref_sa_head(s[0], s[1], s[2], cfg.causal))
+                    heads.append(ref_sa_head(s[0], s[1], s[2], cfg.causal, w))
                 elif gk == 'linear':
-                    heads.append(ref_linear_head(s[0], s[1], s[2], cfg.causal, cfg.linear_norm))
+                    heads.append(ref_linear_head(s[0], s[1], s[2], cfg.causal, cfg.linear_norm, w))
                 elif gk in ('hfa_v1', 'hfa_v2'):
-                    heads.append(ref_hfa_head(s[:A], s[A:2 * A], s[2 * A:], cfg.causal, cfg.softmax))
+                    heads.append(ref_hfa_head(s[:A], s[A:2 * A], s[2 * A:], cfg.causal, cfg.softmax, w))
                 else:
                     if cfg.ha_share_kv:
                         ks, vs = [s[1]] * n, [s[2]] * n
@@ -411,6 +421,60 @@ def test_ha_windows_covering_context_equal_full(share):
     small = GPT(config('ha', ha_share_kv=share, ha_window1=4, ha_window2=2)).to(DT)
     small.load_state_dict(full.state_dict())
     assert not torch.allclose(full_logits(small, idx), full_logits(full, idx), atol=1e-6)
+
+
+WINDOWED = ['sa_window', 'linear_window', 'linear_norm_window', 'hfa_v1_window', 'hfa_v2_window',
+            'hfa_mixed_window']
+
+
+@pytest.mark.parametrize('name', WINDOWED)
+def test_attn_window_covering_context_equals_full(name):
+    """A window at least as long as the sequence is no window; a short one is a real change."""
+    over = {k: v for k, v in VARIANTS[name].items() if k != 'attn_window'}
+    full = randomise(GPT(GPTConfig(**{**BASE, **over})).to(DT), seed=17, scale=0.3)
+    idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(18))
+    for w in (12, 16):
+        win = GPT(GPTConfig(**{**BASE, **over, 'attn_window': w})).to(DT)
+        win.load_state_dict(full.state_dict())
+        torch.testing.assert_close(full_logits(win, idx), full_logits(full, idx), rtol=1e-10, atol=1e-12)
+    small = GPT(config(name)).to(DT)
+    small.load_state_dict(full.state_dict())
+    assert not torch.allclose(full_logits(small, idx), full_logits(full, idx), atol=1e-6)
+
+
+@pytest.mark.parametrize('name', WINDOWED)
+def test_attn_window_hides_older_tokens(name):
+    """One layer, window w: position i reads tokens i - w + 1 .. i only."""
+    cfg = GPTConfig(**{**BASE, **VARIANTS[name], 'n_layer': 1})
+    w = cfg.attn_window
+    model = randomise(GPT(cfg).to(DT), seed=19, scale=0.3).eval()
+    idx = torch.randint(0, 13, (1, 10), generator=torch.Generator().manual_seed(20))
+    idx2 = idx.clone()
+    idx2[0, 0] = (idx[0, 0] + 1) % 13
+    a, b = full_logits(model, idx), full_logits(model, idx2)
+    assert not torch.allclose(a[:, w - 1], b[:, w - 1]), 'the oldest token inside the window is read'
+    assert torch.equal(a[:, w:], b[:, w:]), 'a token outside the window was read'
+
+
+def test_attn_window_leaves_ha_alone():
+    """attn_window windows the sa layers of 'sa,ha' and not its HA layer; an all-HA model refuses it."""
+    with pytest.raises(ValueError, match='ha_window1'):
+        GPTConfig(**{**BASE, 'attention': 'ha', 'attn_window': 4})
+    cfg = GPTConfig(**{**BASE, 'n_layer': 1, 'attention': 'ha'})
+    ha = randomise(Attention(cfg, 'ha').to(DT), seed=21)
+    ha_w = Attention(GPTConfig(**{**BASE, 'attn_layers': 'sa,ha', 'attn_window': 2}), 'ha').to(DT)
+    ha_w.load_state_dict(ha.state_dict())
+    x = torch.randn(1, 9, 16, dtype=DT, generator=torch.Generator().manual_seed(22))
+    torch.testing.assert_close(ha_w(x), ha(x), rtol=1e-12, atol=1e-12)
+
+
+def test_attn_window_flops():
+    """Mixing FLOPs count the keys a query sees: min(i + 1, w) of them."""
+    T, w = 16, 4
+    full, win = GPT(GPTConfig(**BASE)), GPT(GPTConfig(**{**BASE, 'attn_window': w}))
+    seen = sum(min(i + 1, w) for i in range(T)) / T
+    diff = 3 * 2 * 2 * 4 * 8 * ((T + 1) / 2 - seen)  # 3 x layers x heads x 4 dh x (keys saved)
+    assert full.flops_per_token(T) - win.flops_per_token(T) == pytest.approx(diff)
 
 
 @pytest.mark.parametrize('order', [3, 4])

@@ -149,6 +149,11 @@ VARIANTS = {
     'ha_windowed': dict(attention='ha', ha_window1=4, ha_window2=2),
     'ha_linear': dict(attention='ha', softmax=False),
     'sa,ha': dict(attn_layers='sa,ha'),
+    'sa_window': dict(attention='sa', attn_window=3),
+    'hfa_window': dict(attention='hfa_v2', attn_window=3),
+    'hfa_kron_window': dict(attention='hfa_v1', hfa_kron='on', attn_window=3),
+    'linear_window': dict(attention='linear', attn_window=3, linear_norm=True),
+    'ha4_windowed': dict(attention='ha', ha_order=4, ha_window1=3, ha_window2=2),
 }
 
 
