@@ -1,0 +1,67 @@
+"""
+Peak FLOP/s of the machine a run is on: the denominator of MFU (model FLOPs utilisation).
+
+On CUDA the peak is the device's dense bf16 tensor-core rate from its data sheet (no
+sparsity), looked up by device name; train.py's `peak_flops` and bench.py's `--peak_flops`
+override it. On any other device it is measured: the FLOP/s of a large fp32 matmul on the
+threads this process has, which is what a CPU run of train.py actually trains at.
+MFU = flops_per_token * tokens/s / peak, with GPT.flops_per_token (6 per weight plus the
+attention mixing), as in the PaLM paper's definition (Chowdhery et al. 2022, App. B).
+"""
+
+import time
+
+import torch
+
+# dense bf16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name();
+# the first match wins, so the more specific names come first
+PEAK_BF16_FLOPS = [
+    ('H100 PCIe', 756e12),
+    ('H100 NVL', 835e12),
+    ('H100', 989e12),       # SXM, "NVIDIA H100 80GB HBM3"
+    ('H200', 989e12),
+    ('H800', 989e12),
+    ('GH200', 989e12),
+    ('B200', 2250e12),
+    ('A100', 312e12),
+    ('A800', 312e12),
+    ('L40S', 362e12),
+    ('L4', 121e12),
+]
+
+
+def cuda_peak(name):
+    """Dense bf16 peak of a CUDA device by name, or None if the name is not in the table."""
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def measured_matmul_flops(device='cpu', n=1024, seconds=0.3):
+    """FLOP/s of an n x n fp32 matmul on this device and thread count (best of the calls)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    sync = torch.cuda.synchronize if str(device).startswith('cuda') else (lambda: None)
+    a @ b
+    sync()
+    best, t_end = float('inf'), time.perf_counter() + seconds
+    while time.perf_counter() < t_end or best == float('inf'):
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def peak_flops(device, override=0.0):
+    """(peak FLOP/s, where it comes from) for MFU on this device."""
+    if override:
+        return float(override), 'given'
+    device = str(device)
+    if device.startswith('cuda'):
+        name = torch.cuda.get_device_name(torch.device(device))
+        flops = cuda_peak(name)
+        if flops:
+            return flops, f'{name} dense bf16 peak'
+        return measured_matmul_flops(device, n=4096), f'{name}: not in the table, measured fp32 matmul'
+    return measured_matmul_flops(device), f'{device}: measured fp32 matmul, {torch.get_num_threads()} threads'
