@@ -6,6 +6,6 @@ from config.sa import *  # the shared recipe; only what follows differs
 out_dir = 'out-linear'
 wandb_run_name = 'linear'
 attention = 'linear'
-# Our choice (SPEC 1.2): divide by the number of visible keys, i + 1. Unnormalised sums over
+# Our choice (README, `linear_norm`): divide by the number of visible keys, i + 1. Unnormalised sums over
 # 1024 keys grow with position; set False for the literal [IA] Eq. 1 form.
 linear_norm = True

@@ -1,7 +1,7 @@
 # OpenWebText, GPT-3-small-like model: HyperAttention (order 3, no weight sharing). Full causal HA costs O(T^3) per head,
 # out of reach at T = 1024, so this follows Roy et al. 2025 (2-simplicial attention):
 # HA in every 4th layer, j1 in the last 512 and j2 in the last 32 positions; SA elsewhere.
-# [IA]'s own LM setup (HA everywhere? windows?) is not known; see SPEC section 2.
+# [IA]'s own LM setup (HA everywhere? windows?) is not known (RESULTS.md).
 #   torchrun --standalone --nproc_per_node=8 train.py config/owt_gpt3small_ha.py
 # Several seeds and the table: python compare.py --config config/owt_gpt3small_sa.py \
 #   --variants sa,hfa,hfa_v2 --nproc 8 --out out-owt-gpt3small   (see RESULTS.md)

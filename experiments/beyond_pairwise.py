@@ -1,7 +1,7 @@
 """Beyond pairwise: synthetic tasks where [IA]'s theory names the winning attention block.
 
 [IA] Ustaomeroglu & Qu, ICML 2025, Section 5 (HyperFeatureAttention, Def 5.1) and
-Section 6 (HyperAttention, Def 6.1, App. F). SPEC sections 1.3, 1.4 and 3.
+Section 6 (HyperAttention, Def 6.1, App. F).
 The attention layers are the project's own (model.make_attention), used non-causally and
 WITHOUT softmax ('linear' forms), which is the setting of [IA]'s representation results.
 

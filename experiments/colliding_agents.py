@@ -1,6 +1,6 @@
 """Colliding agents on a ring: one linear self-attention layer learns a pairwise interaction.
 
-[IA] Ustaomeroglu & Qu, ICML 2025, Section 7.1 (and App. B). SPEC section 3.
+[IA] Ustaomeroglu & Qu, ICML 2025, Section 7.1 (and App. B).
 
 Data. A ring of N positions; a sequence holds L agents at positions n_1..n_L drawn
 uniformly WITH replacement (our choice). Each agent is a disc of radius R, and its target
@@ -13,7 +13,7 @@ Model. One linear self-attention layer, d = N, scalar output, no softmax, no mas
     y_hat = (X C X^T) X W_V,        X = [x(n_1); ...; x(n_L)]  (L x N),  C: N x N,  W_V: N x 1
 
 so y_hat_i = sum_j Ct[n_i, n_j] Wt[n_j] with Ct = P C P^T, Wt = P W_V (P: rows x(n)).
-Computation trick (SPEC section 3): for P P^T proportional to I, X C X^T = (P C P^T)[s][:, s]:
+Computation trick (a change of basis, as [IA] Cor. B.3): for P P^T proportional to I, X C X^T = (P C P^T)[s][:, s]:
 form the N x N matrix once per step and gather, instead of L x N products per sequence.
 Gradients still reach C itself, so in the sinusoidal basis the learned C is C, not Ct.
 
@@ -21,7 +21,7 @@ Embeddings: one-hot (P = I) and sinusoidal
     p(n) = [1/sqrt2, sin(2 pi k n/N), cos(2 pi k n/N) for k = 1..N/2-1, cos(pi n)/sqrt2],
     p(m).p(n) = (N/2) delta_mn.
 
-Devised ("hand-built") solutions that are exact (SPEC section 3):
+Devised ("hand-built") solutions that are exact:
     one-hot:    W_V = -1,  C[m, n] = 1{ringdist(m, n) <= 2R}
     sinusoidal: W_V = [-sqrt2, 0, ..., 0], C diagonal, C_00 = (4/N)(2R + 1/2),
                 C_mumu = (2/N) sin((2 pi/N)(2R + 1/2) k) / sin((pi/N) k),  k = ceil(mu/2).
@@ -34,8 +34,8 @@ every n (W_V = w0 * 1 for one-hot, w0 * sqrt2 * e_0 for sinusoidal); 'normal' al
 
 Optimiser (our choice, recorded in results.json): full-batch L-BFGS with strong-Wolfe line
 search on C and W_V together, float64. The loss is quadratic in C for fixed W_V, so a
-quasi-Newton method converges far faster than Adam (SPEC: full-batch Adam, 1000 steps, MSE
-4e-5). Adam with cosine decay is available via --optim adam for comparison.
+quasi-Newton method converges far faster than Adam (an earlier full-batch Adam run here: 1000 steps,
+MSE 4e-5). Adam with cosine decay is available via --optim adam for comparison.
 """
 import argparse
 import math

@@ -6,7 +6,7 @@ This is THIS PROJECT'S RECONSTRUCTION of the study in [RF] = Fu, Guo, Bai, Mei,
 lens" (NeurIPS 2023, arXiv 2307.11353). The paper's code and full prose were not
 available to us; every model detail below (input distribution, scalings, the
 constant token coordinate, the bias of BRFA, the targets, the ridge protocol) is
-our own choice, made to follow SPEC.md section 4.
+our own reconstruction (docs/random_features.md).
 
 Setup (d = token dimension, N = number of keys, M = number of heads):
     query x_0 and keys x_1..x_N are iid uniform on the unit sphere S^{d-1}.
@@ -286,7 +286,7 @@ def run_sweep(cfg):
 
 
 # -----------------------------------------------------------------------------
-# the three claims of SPEC section 4, checked on the numbers
+# the three claims of [RF] (docs/random_features.md), checked on the numbers
 
 
 def samples_to_reach(ns, errs, eps):

@@ -1,7 +1,7 @@
 """Where the theory's guarantees stop: non-versatile data and the genotype-phenotype task.
 
 [IA] Ustaomeroglu & Qu, ICML 2025: Section 4 (versatility), App. B.2 (genotype-phenotype).
-SPEC section 3. Model throughout: one linear self-attention layer over one-hot tokens,
+Model throughout: one linear self-attention layer over one-hot tokens,
 y_hat_i = sum_j Ct[s_i, s_j] Wt[s_j] = sum_j M[s_i, s_j]  (see colliding_agents.py).
 
 (a) Versatility. Linear SA is linear in M, and for an element mu the data constrain the row
@@ -15,7 +15,7 @@ The target is a generic pairwise interaction y_i = sum_j F[s_i, s_j], F ~ N(0, 1
 which one linear SA layer represents exactly (C = F, W_V = 1). The control uses random
 multisets (uniform with replacement): both solutions then agree on held-out data.
 
-(b) Genotype-phenotype ([IA] App. B.2; the SPEC is silent on the exact target, so ours is):
+(b) Genotype-phenotype ([IA] App. B.2; [IA] does not give the exact target, so ours is):
   - N alleles; a sequence is L DISTINCT alleles (each allele at most once), uniform;
   - a random activation dictionary D: allele mu has a list D(mu) of 1..k_max other alleles, or
     an empty list (n_always of them) meaning "always active";
