@@ -4,7 +4,10 @@ trained by train.py in its own folder, then mean +- std, 95% confidence interval
 Welch t-test against SA, a markdown table, results.json / results.csv and a plot.
 
     python compare.py --config config/compare_cpu.py --out out-compare-cpu --jobs 2 --threads 1
-    python compare.py --config config/owt_gpt3small_sa.py --variants sa,hfa,hfa_v2 --nproc 8 --out out-owt
+    python compare.py --config config/owt_gpt3small_sa.py --variants sa,hfa,hfa_v2 --gpus 0-7 --out out-owt
+    python compare.py --config config/ia_table.py --gpus 0-7 --out out-ia-table   # [IA]'s table, 3 seeds
+    python compare.py ... --dry_run               # every run, its command and its budget; runs nothing
+    python compare.py ... --seeds 3               # seeds 0, 1, 2 (or a list: --seeds 0,4,7)
     python compare.py ... --match params          # resize every variant to SA's parameter count
     python compare.py ... --preset ha_w16 attention=ha ha_window1=16   # a variant of your own
     python compare.py ... --max_iters=500         # any --key=value goes to every train.py run
@@ -18,7 +21,18 @@ Fair budgets. Every run of the grid uses the same base config, so iterations x b
 block (the tokens seen) are equal unless a variant changes them; --match_tokens then
 rescales its max_iters to SA's token count. --match params|flops resizes each variant to
 the SA reference: by n_embd (a multiple of n_head, the default) or by head_dim
-(--match_by head_dim), whichever size is closest, measured with model.GPT itself.
+(--match_by head_dim), whichever size is closest, measured with model.GPT itself
+(--match_multiple 8 keeps the size a multiple of 8, as fast GPU kernels like it).
+
+GPUs. --gpus 0-7 (or 0,1,2) runs the grid's runs concurrently, each on its own GPUs
+(CUDA_VISIBLE_DEVICES): one GPU per run, or --nproc of them per run (DDP through torchrun).
+Small models gain more from parallel runs than from DDP.
+
+Budgets. --dry_run lists every run (variant x seed) with its command and its budget:
+tokens, training + evaluation FLOPs and GPU-hours on --est_gpu at --est_mfu (an
+assumption, printed with the numbers). A config file may carry its own compare.py
+defaults in a dict `_compare` (train.py ignores names that start with '_'), e.g.
+`_compare = dict(variants='sa,hfa2', seeds='3', match='params')`; the command line wins.
 """
 
 import argparse
@@ -44,6 +58,8 @@ PRESETS = {
     'linear': {'attention': 'linear'},
     'hfa': {'attention': 'hfa_v1'},
     'hfa_v2': {'attention': 'hfa_v2'},
+    'hfa2': {'attention': 'hfa_v1', 'hfa_order': 2},  # A = 2 score factors
+    'hfa4': {'attention': 'hfa_v1', 'hfa_order': 4},  # A = 4: our reading of [IA]'s "order 4"
     'hybrid': {'attention': 'hfa_v1', 'n_hfa_head': 2},  # 2 HFA heads, the rest SA
     'ha': {'attention': 'ha'},
     'ha_noshare': {'attention': 'ha', 'ha_share_kv': False},
@@ -103,17 +119,25 @@ def tokens_per_iter(cfg):
     return cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
 
 
-def match_size(cfg, vocab, target, measure, knob):
-    """The n_embd (a multiple of n_head) or head_dim whose size is closest to target."""
+def match_size(cfg, vocab, target, measure, knob, multiple=1):
+    """The n_embd (a multiple of n_head and of `multiple`) or head_dim (a multiple of
+    `multiple`) whose size is closest to target. Sizes grow with either knob, so a bisection
+    finds the two candidates around the target and the closer one wins."""
     index = 0 if measure == 'params' else 1
     if knob == 'n_embd':
-        step = cfg['n_head']
-        candidates = [{'n_embd': step * m} for m in range(1, 4 * cfg['n_embd'] // step + 1)]
+        step = math.lcm(cfg['n_head'], multiple)
+        top = 4 * cfg['n_embd']
     else:
-        dh = cfg['head_dim'] or cfg['n_embd'] // cfg['n_head']
-        candidates = [{'head_dim': d} for d in range(1, 4 * dh + 1)]
-    best = min(candidates, key=lambda c: abs(model_size({**cfg, **c}, vocab)[index] - target))
-    return best
+        step = multiple
+        top = 4 * (cfg['head_dim'] or cfg['n_embd'] // cfg['n_head'])
+    values = list(range(step, max(step, top) + 1, step))
+    size = lambda v: model_size({**cfg, knob: v}, vocab)[index]
+    lo, hi = 0, len(values) - 1  # the first value whose size reaches the target
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if size(values[mid]) < target else (lo, mid)
+    around = values[max(0, lo - 1):lo + 1]
+    return {knob: min(around, key=lambda v: abs(size(v) - target))}
 
 
 def literal(text):
@@ -147,7 +171,7 @@ def plan(args):
         cfg = resolve(args.config, args.extra, overrides)
         if args.match != 'none' and name != REFERENCE:
             target = ref_params if args.match == 'params' else ref_flops
-            overrides.update(match_size(cfg, vocab, target, args.match, args.match_by))
+            overrides.update(match_size(cfg, vocab, target, args.match, args.match_by, args.match_multiple))
         cfg = resolve(args.config, args.extra, overrides)
         if args.match_tokens and cfg['max_iters'] * tokens_per_iter(cfg) != ref_tokens:
             iters = max(1, round(ref_tokens / tokens_per_iter(cfg)))
@@ -202,25 +226,33 @@ def config_mismatch(run_dir, cfg):
 
 def train_command(args, variant, seed, run_dir, state):
     launcher = [sys.executable] if args.nproc <= 1 else \
-        ['torchrun', '--standalone', f'--nproc_per_node={args.nproc}']
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}']
     return (launcher + [str(TRAIN)] + ([args.config] if args.config else []) + list(args.extra)
             + as_args(variant['overrides'])
             + [f'--seed={seed}', f'--out_dir={run_dir}', '--always_save_checkpoint=True',
                f"--init_from={'resume' if state == 'resume' else 'scratch'}"])
 
 
-def run_one(args, variant, seed, run_dir, state):
-    """Run train.py to the end; stdout/stderr appended to files in run_dir. Returns rc."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(args, variant, seed, run_dir, state)
+def run_env(args, gpus):
     env = dict(os.environ)
     if args.threads:
         env['OMP_NUM_THREADS'] = str(args.threads)
+    if gpus is not None:
+        env['CUDA_VISIBLE_DEVICES'] = gpus
+    return env
+
+
+def run_one(args, variant, seed, run_dir, state, gpus=None):
+    """Run train.py to the end on the given GPUs (a CUDA_VISIBLE_DEVICES value, or None for
+    whatever is visible); stdout/stderr appended to files in run_dir. Returns rc."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = train_command(args, variant, seed, run_dir, state)
     with open(run_dir / 'stdout.txt', 'a') as out, open(run_dir / 'stderr.txt', 'a') as err:
-        header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state}: {' '.join(cmd)}\n"
+        where = f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus is not None else ''
+        header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state}{where}: {' '.join(cmd)}\n"
         out.write(header), err.write(header)
         out.flush(), err.flush()
-        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=err).returncode
+        return subprocess.run(cmd, cwd=ROOT, env=run_env(args, gpus), stdout=out, stderr=err).returncode
 
 
 def stderr_tail(run_dir, n=15):
@@ -229,26 +261,54 @@ def stderr_tail(run_dir, n=15):
     return '\n'.join(last.strip().splitlines()[-n:])
 
 
-def run_grid(args, variants, seeds):
-    from tqdm import tqdm
-    todo, outcomes = [], {}
+def grid_runs(args, variants, seeds):
+    """Every (variant, seed, run_dir, state) of the grid, in the order they are started."""
+    runs = []
     for v in variants:
         for s in seeds:
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
-            state = run_state(run_dir, v['cfg']['max_iters'])
             diff = config_mismatch(run_dir, v['cfg'])
             if diff:  # never reuse or resume a run made with other settings
                 sys.exit(f"{run_dir} was trained with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
                          f"use another --out, or delete that run")
-            if state == 'done':
-                outcomes[v['variant'], s] = 'skipped (finished before)'
-            else:
-                todo.append((v, s, run_dir, state))
+            runs.append((v, s, run_dir, run_state(run_dir, v['cfg']['max_iters'])))
+    return runs
+
+
+def gpu_slots(args):
+    """CUDA_VISIBLE_DEVICES of each concurrent run: --gpus cut into groups of --nproc."""
+    if not args.gpus:
+        return [None] * max(1, args.jobs)
+    return [','.join(map(str, args.gpus[i:i + args.nproc])) for i in range(0, len(args.gpus), args.nproc)]
+
+
+def run_grid(args, variants, seeds):
+    import queue
+    from tqdm import tqdm
+    todo, outcomes = [], {}
+    for v, s, run_dir, state in grid_runs(args, variants, seeds):
+        if state == 'done':
+            outcomes[v['variant'], s] = 'skipped (finished before)'
+        else:
+            todo.append((v, s, run_dir, state))
+    slots = gpu_slots(args)
     print(f"{len(variants) * len(seeds)} runs: {len(todo)} to train "
-          f"({sum(t[3] == 'resume' for t in todo)} resumed), {len(outcomes)} already finished")
+          f"({sum(t[3] == 'resume' for t in todo)} resumed), {len(outcomes)} already finished"
+          + (f"; {len(slots)} at a time on GPUs {' | '.join(slots)}" if args.gpus else ''))
+    free = queue.Queue()
+    for slot in slots:
+        free.put(slot)
+
+    def on_free_slot(*run):  # each run takes a free slot of GPUs and gives it back when it ends
+        slot = free.get()
+        try:
+            return run_one(args, *run, gpus=slot)
+        finally:
+            free.put(slot)
+
     bar = tqdm(total=len(variants) * len(seeds), initial=len(outcomes), desc='runs', unit='run')
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_one, args, *t): t for t in todo}
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        futures = {pool.submit(on_free_slot, *t): t for t in todo}
         for f in as_completed(futures):
             v, s, run_dir, state = futures[f]
             rc = f.result()
@@ -258,6 +318,88 @@ def run_grid(args, variants, seeds):
             bar.update(1)
     bar.close()
     return outcomes
+
+
+# -----------------------------------------------------------------------------
+# budgets: what a run will cost, before it is launched
+
+def budget(cfg, vocab, gpu='H100', mfu=0.30):
+    """Tokens, FLOPs (training, plus the evaluations' forward passes) and the GPU-hours
+    they take on `gpu` (its dense bf16 peak, hardware.py) at the assumed `mfu`."""
+    import hardware
+    params, fpt = model_size(cfg, vocab)
+    iters, tpi = cfg['max_iters'], tokens_per_iter(cfg)
+    n_evals = iters // cfg['eval_interval'] + 1 + (iters % cfg['eval_interval'] != 0)
+    eval_tokens = n_evals * 2 * cfg['eval_iters'] * cfg['batch_size'] * cfg['block_size']
+    flops = iters * tpi * fpt + eval_tokens * fpt / 3  # an evaluation is a forward: a third of a step
+    peak = hardware.cuda_peak(gpu)
+    if peak is None:
+        sys.exit(f"--est_gpu {gpu!r} is not in hardware.py's table; use one of "
+                 f"{', '.join(k for k, _ in hardware.PEAK_BF16_FLOPS)}")
+    return {'params': params, 'iters': iters, 'tokens_per_iter': tpi, 'tokens': iters * tpi,
+            'flops_per_token': fpt, 'flops': flops, 'gpu': gpu, 'mfu': mfu,
+            'gpu_hours': flops / (peak * mfu) / 3600}
+
+
+def budget_text(b):
+    return (f"{b['tokens'] / 1e9:.2f}B tokens ({b['iters']:,} iterations x {b['tokens_per_iter']:,}), "
+            f"{b['flops_per_token'] / 1e9:.2f} GFLOPs/token, {b['flops']:.2e} FLOPs, "
+            f"{b['gpu_hours']:,.1f} GPU-hours on {b['gpu']} at {b['mfu']:.0%} MFU")
+
+
+def config_budget_line(config_file, gpu='H100', mfu=0.30, n_gpus=8):
+    """The budget line a config file's header carries (tests/test_budgets.py checks it)."""
+    cfg = resolve(str(config_file), [], {})
+    b = budget(cfg, vocab_size(cfg), gpu, mfu)
+    return f"# Budget: {budget_text(b)} = {b['gpu_hours'] / n_gpus:,.1f} h on {n_gpus} x {gpu}"
+
+
+def makespan(hours, n_slots):
+    """Wall hours of runs started in this order on n_slots slots, each run on the first free one."""
+    ends = [0.0] * max(1, n_slots)
+    for h in hours:
+        i = ends.index(min(ends))
+        ends[i] += h
+    return max(ends)
+
+
+def grid_budget(args, variants, seeds):
+    """One budget per run (variant-major order, as run_grid starts them) and the totals."""
+    per_variant = {v['variant']: budget(v['cfg'], vocab_size(v['cfg']), args.est_gpu, args.est_mfu) for v in variants}
+    runs = [per_variant[v['variant']] for v in variants for _ in seeds]
+    n_slots = len(gpu_slots(args)) if args.gpus else max(1, args.jobs)
+    total = {'runs': len(runs), 'tokens': sum(b['tokens'] for b in runs), 'flops': sum(b['flops'] for b in runs),
+             'gpu_hours': sum(b['gpu_hours'] for b in runs), 'slots': n_slots,
+             'wall_hours': makespan([b['gpu_hours'] / args.nproc for b in runs], n_slots)}
+    return per_variant, total
+
+
+def grid_budget_line(args, variants, seeds):
+    per_variant, t = grid_budget(args, variants, seeds)
+    gpus = len(args.gpus) if args.gpus else args.nproc * t['slots']
+    return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {len(seeds)} seeds), "
+            f"{t['tokens'] / 1e9:.1f}B tokens, {t['flops']:.2e} FLOPs, {t['gpu_hours']:,.0f} GPU-hours on "
+            f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {t['wall_hours']:,.1f} h on {gpus} GPUs")
+
+
+def dry_run(args, variants, seeds):
+    """Print every run with its command and budget, and the grid's totals; run nothing."""
+    per_variant, total = grid_budget(args, variants, seeds)
+    slots = gpu_slots(args)
+    runs = grid_runs(args, variants, seeds)
+    print(f"\n{len(runs)} runs ({len(variants)} variants x {len(seeds)} seeds); budgets at an assumed "
+          f"{args.est_mfu:.0%} MFU of {args.est_gpu}'s dense bf16 peak (--est_mfu, --est_gpu)")
+    for i, (v, s, run_dir, state) in enumerate(runs):
+        b = per_variant[v['variant']]
+        gpus = f"CUDA_VISIBLE_DEVICES={slots[i]} " if args.gpus and i < len(slots) else \
+            'CUDA_VISIBLE_DEVICES=<next free> ' if args.gpus else ''
+        print(f"\n{v['variant']} seed {s} [{state}]: {b['tokens'] / 1e9:.3g}B tokens, {b['flops']:.2e} FLOPs, "
+              f"{b['gpu_hours']:,.1f} GPU-hours\n  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
+    print(f"\ntotal: {total['tokens'] / 1e9:.3g}B tokens, {total['flops']:.2e} FLOPs, "
+          f"{total['gpu_hours']:,.1f} GPU-hours; {total['wall_hours']:,.1f} h of wall time with "
+          f"{total['slots']} run{'s' * (total['slots'] > 1)} at a time"
+          + (f" on {args.nproc} GPU{'s' * (args.nproc > 1)} each" if args.gpus else ''))
+    print(grid_budget_line(args, variants, seeds))
 
 
 # -----------------------------------------------------------------------------
@@ -427,6 +569,29 @@ def plot(rows, path, title=''):
 
 # -----------------------------------------------------------------------------
 
+def parse_list(text, what):
+    """'3' -> [3]; '0,1,2' -> [0, 1, 2]; '0-3,6' -> [0, 1, 2, 3, 6]."""
+    out = []
+    for part in filter(None, (t.strip() for t in text.split(','))):
+        a, dash, b = part.partition('-')
+        if not (a.isdigit() and (not dash or b.isdigit())) or (dash and int(b) < int(a)):
+            raise ValueError(f"{what} {text!r}: {part!r} is not a number or a range a-b")
+        out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{what} {text!r} is empty or repeats a value")
+    return out
+
+
+def config_compare_defaults(config_file):
+    """The `_compare` dict of a config file: its own compare.py defaults (or {})."""
+    if not config_file or not Path(config_file).is_file():
+        return {}
+    sys.path.insert(0, str(ROOT))  # config files import their baseline recipe (config.sa, ...)
+    scope = {}
+    exec(compile(Path(config_file).read_text(), str(config_file), 'exec'), scope)
+    return dict(scope.get('_compare') or {})
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--config', default='', help='base train.py config file shared by every run')
@@ -434,24 +599,49 @@ def parse_args(argv):
                    help=f'comma-separated preset names; presets: {", ".join(PRESETS)}')
     p.add_argument('--preset', nargs='+', action='append', metavar=('NAME', 'KEY=VALUE'),
                    help='define or redefine a variant: --preset NAME key=value ...')
-    p.add_argument('--seeds', type=int, default=3, help='number of seeds (0..N-1)')
-    p.add_argument('--seed_list', default='', help='explicit comma-separated seeds (overrides --seeds)')
+    p.add_argument('--seeds', default='3', help="a count N (seeds 0..N-1) or a list: 0,1,2 or 0-4")
+    p.add_argument('--seed_list', default='', help=argparse.SUPPRESS)  # the old spelling of --seeds 0,1,2
     p.add_argument('--out', required=True, help='output folder: runs/, results.json, results.csv, plot')
     p.add_argument('--match', choices=('none', 'params', 'flops'), default='none')
     p.add_argument('--match_by', choices=('n_embd', 'head_dim'), default='n_embd')
+    p.add_argument('--match_multiple', type=int, default=1, help='matched n_embd / head_dim a multiple of this')
     p.add_argument('--match_tokens', action='store_true',
                    help="rescale a variant's max_iters so it sees as many tokens as SA")
-    p.add_argument('--nproc', type=int, default=1, help='processes per run (torchrun)')
-    p.add_argument('--jobs', type=int, default=1, help='runs trained at the same time')
+    p.add_argument('--gpus', default='', help='run concurrently on these GPUs, --nproc per run: 0-7 or 0,1,2')
+    p.add_argument('--nproc', type=int, default=1, help='processes (GPUs) per run, DDP through torchrun')
+    p.add_argument('--jobs', type=int, default=1, help='runs trained at the same time (without --gpus)')
     p.add_argument('--threads', type=int, default=0, help='OMP_NUM_THREADS per run (0: leave as is)')
     p.add_argument('--collect_only', action='store_true', help='train nothing; summarise what exists')
-    p.add_argument('--dry_run', action='store_true', help='print the plan and the commands; run nothing')
+    p.add_argument('--dry_run', action='store_true', help='print every run, its command and budget; run nothing')
+    p.add_argument('--est_gpu', default='H100', help="GPU of the --dry_run estimates (hardware.py's table)")
+    p.add_argument('--est_mfu', type=float, default=0.30, help='MFU assumed by the --dry_run estimates')
     p.add_argument('--plot', default='', help='also save the plot here (always OUT/compare.png)')
+    config = p.parse_known_args(argv)[0].config
+    try:
+        defaults = config_compare_defaults(config)
+    except Exception as e:
+        p.error(f"config file {config} failed: {type(e).__name__}: {e}")
+    known = {a.dest for a in p._actions}
+    if set(defaults) - known:
+        p.error(f"_compare in {config} has unknown key(s) {', '.join(sorted(set(defaults) - known))}")
+    p.set_defaults(**{k: str(v) if k in ('seeds', 'gpus') else v for k, v in defaults.items()})
     args, extra = p.parse_known_args(argv)
     bad = [e for e in extra if not (e.startswith('--') and '=' in e)]
     if bad:
         p.error(f"unrecognised argument(s) {' '.join(bad)}; train.py settings are given as --key=value")
     args.extra = extra
+    try:
+        seeds = parse_list(args.seed_list or args.seeds, '--seeds')
+        args.seeds = seeds if args.seed_list or ',' in args.seeds or '-' in args.seeds else list(range(seeds[0]))
+        args.gpus = parse_list(args.gpus, '--gpus') if args.gpus else []
+    except ValueError as e:
+        p.error(str(e))
+    if not args.seeds:
+        p.error('--seeds 0 gives no runs; give a count >= 1 or a list of seeds')
+    if args.nproc < 1 or args.match_multiple < 1:
+        p.error('--nproc and --match_multiple must be >= 1')
+    if args.gpus and len(args.gpus) % args.nproc:
+        p.error(f"--gpus names {len(args.gpus)} GPUs, not a multiple of --nproc {args.nproc}")
     if args.config:  # train.py runs from the repository root
         args.config = str(Path(args.config).resolve())
     args.out = str(Path(args.out).resolve())
@@ -460,15 +650,13 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    seeds = [int(s) for s in args.seed_list.split(',')] if args.seed_list else list(range(args.seeds))
+    seeds = args.seeds
     variants = plan(args)
     for v in variants:
         print(f"{v['variant']:>12}: {v['shape']}, {fmt(v['params_planned'])} params, "
               f"{fmt(v['flops_planned'] and v['flops_planned'] / 1e6, 2)} MFLOPs/token, overrides {v['overrides']}")
     if args.dry_run:
-        for v in variants:
-            print(' '.join(train_command(args, v, seeds[0], Path(args.out) / 'runs' / v['variant'] / f'seed{seeds[0]}',
-                                         'scratch')))
+        dry_run(args, variants, seeds)
         return 0
     t0 = time.time()
     outcomes = {} if args.collect_only else run_grid(args, variants, seeds)

@@ -39,8 +39,10 @@ def cuda_peak(name):
 
 
 def measured_matmul_flops(device='cpu', n=1024, seconds=0.3):
-    """FLOP/s of an n x n fp32 matmul on this device and thread count (best of the calls)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    """FLOP/s of an n x n fp32 matmul on this device and thread count (best of the calls).
+    Its inputs come from a private generator: measuring never moves torch's global RNG."""
+    g = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, device=device, generator=g) for _ in range(2))
     sync = torch.cuda.synchronize if str(device).startswith('cuda') else (lambda: None)
     a @ b
     sync()
@@ -64,4 +66,4 @@ def peak_flops(device, override=0.0):
         if flops:
             return flops, f'{name} dense bf16 peak'
         return measured_matmul_flops(device, n=4096), f'{name}: not in the table, measured fp32 matmul'
-    return measured_matmul_flops(device), f'{device}: measured fp32 matmul, {torch.get_num_threads()} threads'
+    return measured_matmul_flops(device), f"{device}: measured fp32 matmul, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"

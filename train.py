@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
 import data
+import hardware
 from errors import UserError
 from model import GPT, GPTConfig
 
@@ -94,7 +95,8 @@ device = 'auto'                 # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cud
 dtype = 'auto'                  # 'auto': bfloat16 on CUDA where supported, else float32
 compile = False                 # torch.compile the model
 seed = 1337
-skip_nonfinite = False          # skip (and count) steps with a NaN/inf loss or gradient
+skip_nonfinite = False          # skip (and count) steps with a NaN/inf loss or gradient (a sync per step)
+peak_flops = 0.0                # MFU denominator, FLOP/s per device; 0: hardware.py (CUDA table, else measured)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
 config = configurator.load({k: globals()[k] for k in config_keys}, sys.argv[1:])
@@ -253,19 +255,22 @@ if master:
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over the fixed evaluation windows, shared out over the processes."""
+    """Mean loss over the fixed evaluation windows, shared out over the processes; summed on
+    the device and read once per split."""
     model.eval()
     result = {}
     for split, (split_data, offsets) in eval_sets.items():
-        total = torch.zeros(2, dtype=torch.float64, device=device if device_type == 'cuda' else 'cpu')
+        total = torch.zeros(2, dtype=torch.float32 if device_type == 'mps' else torch.float64, device=device)
         for chunk in offsets[rank::world_size].split(batch_size):
             x, y = to_device(*data.windows(split_data, chunk, block_size))
             with ctx:
                 _, loss = raw_model(x, y)
-            total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64, device=total.device)
+            total[0] += loss.to(total.dtype) * len(chunk)
+            total[1] += len(chunk)
         if ddp:
             dist.all_reduce(total)
-        result[split] = (total[0] / total[1]).item()
+        total = total.tolist()
+        result[split] = total[0] / total[1]
     model.train()
     return result
 
@@ -294,8 +299,9 @@ def save_checkpoint():
         'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
         'model_args': asdict(gptconf), 'config': config, 'iter_num': iter_num,
         'best_val_loss': best_val_loss, 'tokenizer': meta_for_ckpt, 'dataset': dataset,
-        'rng': {**own_rng, 'data': data_gen.get_state(), 'ranks': ranks_rng},
-        'elapsed_s': elapsed(), 'train_time_s': train_time, 'skipped_steps': skipped_steps,
+        'rng': {**own_rng, 'data': data_state, 'ranks': ranks_rng},  # data_state: before the prefetch's draw
+        'elapsed_s': elapsed(), 'train_time_s': train_time, 'untimed_iters': untimed_iters,
+        'skipped_steps': skipped_steps,
         'evaluated': last.get('iter') == iter_num,  # False when a signal stopped the run before this eval
     }
     tmp = out / 'ckpt.pt.tmp'
@@ -367,12 +373,21 @@ if wandb_log and master:
 
 # -----------------------------------------------------------------------------
 # training loop
+#
+# The host never waits for the device inside a step. The loss is summed on the device; one
+# small tensor per step, [loss, non-finite, stop signal], is all-reduced under DDP (the only
+# collective besides DDP's own) and copied to the host in the background; it is read during
+# the next step's first forward, or at once at a log line, before an evaluation or a save,
+# and at the end, where the host waits for the device as nanoGPT's does at its log lines.
+# So a non-finite step stops the run at the latest one step later, before anything is saved.
 elapsed_before = ckpt['elapsed_s'] if ckpt else 0.0
-train_time = ckpt['train_time_s'] if ckpt else 0.0
+train_time = ckpt['train_time_s'] if ckpt else 0.0  # seconds of timed steps, over all sessions
+untimed_iters = ckpt.get('untimed_iters', 0) if ckpt else 0  # each session's first step: not in train_time
 skipped_steps = ckpt['skipped_steps'] if ckpt else 0
 session_start = time.time()
 elapsed = lambda: elapsed_before + time.time() - session_start
 start_iter = iter_num
+saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint this run wrote or resumed
 evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: skip a repeat of that eval
 if master:
     if ckpt is not None:
@@ -385,7 +400,66 @@ if master:
     (out / 'run.json').write_text(json.dumps({'config': config, 'model_args': asdict(gptconf), 'params': n_params,
                                               'flops_per_token': flops_per_token, 'world_size': world_size}, indent=1))
 del ckpt
+peak = peak_source = None
+if master:  # the MFU denominator (hardware.py): per device, so the run's peak is world_size times it
+    peak, peak_source = hardware.peak_flops(device, peak_flops)
+    print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
+
+
+def mfu(tokens_per_s):
+    return flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
+
+
+def sync():
+    if device_type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def to_host(t):
+    """Start copying a small device tensor to the host; returns a function that waits for
+    the copy (only for it, not for later work) and gives the values as a list."""
+    if device_type != 'cuda':
+        return t.tolist
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return lambda: copied.synchronize() or buf.tolist()
+
+
+def next_batches():
+    """The data-sampling state before this draw (what a checkpoint saves) and the next
+    iteration's micro-batch offsets: drawn one iteration ahead, for the prefetch."""
+    return data_gen.get_state(), iteration_batches()
+
+
+def read_pending():
+    """Read the steps not yet read (waiting for the device if needed), write their
+    train_log.jsonl lines and act on their flags. Returns the last step's loss."""
+    global stop_agreed
+    loss = None
+    while pending:
+        step = pending.pop(0)
+        loss, bad, stop = step['stats']()
+        loss /= world_size
+        if bad and not skip_nonfinite and dtype != 'float16':  # float16: the grad scaler skips such steps
+            kept = (f"the last good checkpoint {ckpt_path} (iteration {saved_iter}) is untouched"
+                    if saved_iter is not None else "no checkpoint of this run had been saved yet")
+            raise UserError(f"non-finite loss or gradient at iteration {step['iter']} (loss {loss}); {kept}; "
+                            f"lower learning_rate, or set skip_nonfinite=True to skip such steps")
+        stop_agreed = stop_agreed or stop > 0
+        if master:
+            append_jsonl(out / 'train_log.jsonl', {'iter': step['iter'], 'loss': loss, 'lr': step['lr'],
+                                                   'dt_s': round(step['dt'], 4)})
+    return loss
+
+
+acc_dtype = torch.float32 if device_type == 'mps' else torch.float64  # MPS has no float64
+pending = []            # steps whose numbers are still on their way to the host
+stop_agreed = False     # DDP: some process got SIGTERM/SIGINT (read from the per-step all-reduce)
+log_steps, log_time = 0, 0.0  # timed steps and their seconds since the last log line
 last = {}
+data_state, batches = next_batches()
+X, Y = to_device(*data.windows(train_data, batches[0], block_size))
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
@@ -394,11 +468,13 @@ while True:
     # evaluate (not again at the iteration just resumed from: its line is already logged)
     if (iter_num % eval_interval == 0 or iter_num >= max_iters) and (iter_num != start_iter or not evaluated_at_start or eval_only):
         losses = estimate_loss()
+        timed_tokens = (iter_num - untimed_iters) * tokens_per_iter
         last = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'],
                 'val_ppl': math.exp(min(losses['val'], 50)), 'lr': lr, 'tokens': iter_num * tokens_per_iter,
                 'elapsed_s': round(elapsed(), 3),
-                'tokens_per_s': round(iter_num * tokens_per_iter / train_time, 1) if train_time else None,
+                'tokens_per_s': round(timed_tokens / train_time, 1) if train_time else None,
                 'params': n_params, 'flops_per_token': flops_per_token, 'skipped_steps': skipped_steps}
+        last['mfu'] = round(mfu(last['tokens_per_s']), 4) if master and last['tokens_per_s'] else None
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                   f"val ppl {last['val_ppl']:.2f}")
@@ -409,6 +485,7 @@ while True:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
                 save_checkpoint()
+                saved_iter = iter_num
     if eval_only or iter_num >= max_iters:
         break
 
@@ -416,29 +493,39 @@ while True:
     if test_fault('step'):
         os.kill(os.getpid(), signal.SIGKILL)
     test_fault('term')
+    first = iter_num == start_iter  # compilation, autotuning, allocator warm-up: timed apart
+    if first and compile and master:
+        print("compiling the model: the first step takes a while (it is not counted in tokens/s)")
     t0 = time.time()
-    loss_sum = 0.0
-    for micro, offsets in enumerate(iteration_batches()):
-        x, y = to_device(*data.windows(train_data, offsets, block_size))
+    loss_sum = torch.zeros((), dtype=acc_dtype, device=device)
+    for micro in range(accum):
         if ddp:  # synchronise gradients on the last micro-step only
             model.require_backward_grad_sync = micro == accum - 1
         with ctx:
-            _, loss = model(x, y)
+            _, loss = model(X, Y)
             loss = loss / accum
+        # while the device runs the forward: fetch the next micro-batch (after the last one,
+        # the next iteration's first) and read the previous step's numbers
+        if micro + 1 < accum:
+            X, Y = to_device(*data.windows(train_data, batches[micro + 1], block_size))
+        else:
+            data_state, batches = next_batches()
+            X, Y = to_device(*data.windows(train_data, batches[0], block_size))
+        if micro == 0:
+            read_pending()
         scaler.scale(loss).backward()
-        loss_sum += loss.item()
+        loss_sum += loss.detach()
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
-    finite = math.isfinite(loss_sum) and bool(torch.isfinite(norm))
-    stats = torch.tensor([loss_sum if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64, device=norm.device)
-    if ddp:  # the mean loss over all processes, and one decision for all of them
+    stats = torch.zeros(3, dtype=acc_dtype, device=device)
+    stats[0] = loss_sum
+    stats[1] = ~(torch.isfinite(loss_sum) & torch.isfinite(norm))
+    stats[2] = float(stop_signal is not None)
+    if ddp:  # the loss summed over all processes, and one decision for all of them
         dist.all_reduce(stats)
-    loss_sum = stats[0].item() / world_size if finite else loss_sum
-    if stats[1].item() and dtype != 'float16':  # float16: the grad scaler already skips such steps
-        if not skip_nonfinite:
-            raise UserError(f"non-finite loss or gradient at iteration {iter_num} (loss {loss_sum}); "
-                            f"the last good checkpoint {ckpt_path} is untouched; lower learning_rate, "
-                            f"or set skip_nonfinite=True to skip such steps")
+    step = {'iter': iter_num, 'lr': lr, 'stats': to_host(stats)}
+    pending.append(step)
+    if skip_nonfinite and dtype != 'float16' and stats[1].item():  # skip_nonfinite: a sync per step
         skipped_steps += 1
         if master:
             print(f"iter {iter_num}: non-finite loss or gradient, step skipped ({skipped_steps} so far)")
@@ -446,20 +533,38 @@ while True:
         scaler.step(optimizer)
         scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    dt = time.time() - t0
-    train_time += dt
-    if master:
-        append_jsonl(out / 'train_log.jsonl', {'iter': iter_num, 'loss': loss_sum, 'lr': lr, 'dt_s': round(dt, 4)})
-        if iter_num % log_interval == 0:
-            print(f"iter {iter_num}: loss {loss_sum:.4f}, time {dt * 1000:.0f}ms, "
-                  f"{tokens_per_iter / dt:,.0f} tokens/s")
+    log_now = iter_num % log_interval == 0
     iter_num += 1
 
-    stop = torch.tensor([float(stop_signal is not None)], device=norm.device)
-    if ddp:
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # all processes stop at the same step
-    if stop.item():
+    # read the numbers (and so wait for the device) at a log line, before an evaluation or a
+    # save, at the end, and after the first step, whose time is kept apart
+    stop = stop_agreed if ddp else stop_signal is not None
+    if first or log_now or stop or iter_num % eval_interval == 0 or iter_num >= max_iters:
+        sync()
+        step['dt'] = time.time() - t0
+        loss = read_pending()
+        stop = stop_agreed if ddp else stop
+    else:
+        step['dt'] = time.time() - t0
+    if first:
+        untimed_iters += 1
+    else:
+        train_time += step['dt']
+        log_time, log_steps = log_time + step['dt'], log_steps + 1
+    if log_now and master:
+        if log_steps:
+            tps = log_steps * tokens_per_iter / log_time
+            print(f"iter {iter_num - 1}: loss {loss:.4f}, time {log_time / log_steps * 1000:.0f}ms, "
+                  f"{tps:,.0f} tokens/s, mfu {mfu(tps):.2%}")
+        else:
+            print(f"iter {iter_num - 1}: loss {loss:.4f}, time {step['dt'] * 1000:.0f}ms "
+                  f"(first step, not counted in tokens/s)")
+    if log_now:
+        log_steps, log_time = 0, 0.0
+
+    if stop:  # all processes stop at the same step
         save_checkpoint()
+        saved_iter = iter_num
         if master:
             print(f"stopped by signal at iteration {iter_num}; checkpoint saved to {ckpt_path}; "
                   f"continue with --init_from=resume")
@@ -467,7 +572,7 @@ while True:
 
 if master and last:
     print(f"final: iter {last['iter']}, val loss {last['val_loss']:.4f}, val ppl {last['val_ppl']:.2f}, "
-          f"{last['tokens_per_s'] or 0:,.0f} tokens/s")
+          f"{last['tokens_per_s'] or 0:,.0f} tokens/s" + (f", mfu {last['mfu']:.2%}" if last.get('mfu') else ''))
 if wandb:
     wandb.finish()
 if ddp:

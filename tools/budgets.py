@@ -1,0 +1,68 @@
+"""
+The budget of every GPU config: tokens, FLOPs per token and estimated GPU-hours, computed
+from model.GPT itself (through compare.py) so that the numbers in the config headers cannot
+go stale: tests/test_budgets.py checks each header against this.
+
+    python tools/budgets.py            # the table (markdown)
+    python tools/budgets.py --write    # rewrite the '# Budget:' / '# Grid budget:' header lines
+
+A config's budget is one run on 8 GPUs (torchrun); a config with compare.py defaults
+(`_compare`) also states its grid's total with --gpus 0-7. The GPU and MFU are assumptions
+(--est_gpu, --est_mfu of compare.py), not measurements.
+"""
+
+import argparse
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import compare  # noqa: E402
+
+GPU, MFU, N_GPUS = 'H100', 0.30, 8
+
+
+def gpu_configs():
+    """config/*.py files that train on a GPU (every one not pinned to device='cpu')."""
+    return [p for p in sorted((ROOT / 'config').glob('*.py'))
+            if compare.resolve(str(p), [], {})['device'] != 'cpu']
+
+
+def expected_lines(path):
+    """{prefix: line} of what the header of `path` must say."""
+    lines = {'# Budget:': compare.config_budget_line(path, GPU, MFU, N_GPUS)}
+    if compare.config_compare_defaults(path):
+        with tempfile.TemporaryDirectory() as out:
+            args = compare.parse_args(['--config', str(path), '--gpus', f'0-{N_GPUS - 1}', '--out', out,
+                                       '--est_gpu', GPU, '--est_mfu', str(MFU)])
+            lines['# Grid budget:'] = compare.grid_budget_line(args, compare.plan(args), args.seeds)
+    return lines
+
+
+def write(path, lines):
+    text = path.read_text()
+    for prefix, line in lines.items():
+        text, n = re.subn(rf'^{re.escape(prefix)}.*$', lambda m: line, text, count=1, flags=re.M)
+        if not n:
+            sys.exit(f"{path} has no '{prefix}' header line to rewrite; add one")
+    path.write_text(text)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--write', action='store_true', help='rewrite the budget lines of the config headers')
+    args = p.parse_args()
+    print(f"| config | budget (at {MFU:.0%} MFU of {GPU}'s dense bf16 peak) |\n|---|---|")
+    for path in gpu_configs():
+        lines = expected_lines(path)
+        if args.write:
+            write(path, lines)
+        for line in lines.values():
+            print(f"| {path.name} | {line[2:]} |")
+
+
+if __name__ == '__main__':
+    main()
