@@ -3,7 +3,8 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
 
     python bench.py                          # default sweep, CPU: a few minutes
     python bench.py --quick                  # seconds, for a test
-    python bench.py --block-sizes 128,512 --device cuda --out results/bench.json
+    python bench.py --block_sizes 128,512 --device cuda --out results/bench.json
+    python bench.py --device cuda --gpt2 only     # the GPT-2-small training steps alone
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
@@ -14,14 +15,25 @@ Modes:
     attention    forward + backward of one attention layer (projections included)
     train_step   forward + backward + AdamW step of the whole GPT
     sample       tokens/s generating 512 new tokens with and without the KV cache
+    gpt2_step    (CUDA by default, --gpt2) a whole training step of GPT-2 small as train.py takes
+                 it: 12 x 768, T = 1024, bf16 autocast, fused AdamW, gradient clipping, with
+                 torch.compile on and off; tokens/s and MFU against hardware.py's dense bf16 peak.
+                 Variants: sa, linear, hfa_v1, hfa_v2, ha (config/ha.py: every 4th layer, windows
+                 512 x 32), ha_r64 (config/ia_table.py: every layer, windows 64 x 64), sdpa_min
 
-Every (variant, mode, block size) runs in a fresh Python process, so that on CPU its peak
-memory is that process's peak RSS (getrusage); `peak_mem_bytes` is that peak minus the RSS
-just before the first step (model, optimizer shell and inputs already built), i.e. the
-memory the step itself needs: activations, gradients, optimizer state. On CUDA it is
-torch.cuda.max_memory_allocated. FLOPs are counted analytically (GPT.flops_per_token,
-Attention.mix_flops) and `frac_of_matmul_peak` = achieved FLOP/s / FLOP/s of a large fp32
-matmul measured in the same run, on the same device and thread count.
+Every (variant, mode, block size) runs in a fresh Python process. `peak_mem_bytes` is the
+memory the step itself needs (activations, gradients, optimizer state) beyond what is held
+just before the first step (model, optimizer shell, inputs). On CPU: the kernel's RSS
+high-water mark is reset (/proc/self/clear_refs) just before the first step and read after
+the last (VmHWM), so peak and baseline come from one counter (to within the few pages the
+reading touches; within one process, --quick or --in_process, a case may reuse memory an
+earlier one freed and need ~0 new pages). (getrusage's lifetime peak minus
+an RSS read earlier, used before, could come out negative: the kernel updates its high-water
+mark lazily, not when the allocator hands pages back with madvise, so it could sit below the
+earlier reading.) On CUDA: torch.cuda.max_memory_allocated after a reset minus the memory
+allocated before, and `peak_mem_total_bytes` the whole peak. FLOPs are counted analytically
+(GPT.flops_per_token, Attention.mix_flops) and `frac_of_matmul_peak` = achieved FLOP/s /
+FLOP/s of a large fp32 matmul measured in the same run, on the same device and thread count.
 
 On CPU the default is ONE thread (--threads): on a shared machine, two OpenMP threads
 competing with other work run many small kernels 10-30x slower, and ratios stop meaning
@@ -29,6 +41,7 @@ anything.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -96,13 +109,45 @@ class MinimalGPT(nn.Module):
 # -----------------------------------------------------------------------------
 # one case, in its own process
 
-def rss_now():
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+def proc_status(key):
+    """A memory figure of /proc/self/status (VmRSS, VmHWM), in bytes."""
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
 
 
-def peak_rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+class StepMemory:
+    """Memory a step needs beyond what is held when it starts: CUDA's allocator peak after a
+    reset, or on CPU the RSS high-water mark reset just before the step (Linux); elsewhere
+    getrusage's lifetime peak minus the RSS before (None if that comes out negative)."""
+
+    def __init__(self, device):
+        self.device = device
+        if device == 'cuda':
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return
+        try:
+            with open('/proc/self/clear_refs', 'w') as f:
+                f.write('5')  # reset VmHWM to the current RSS
+            self.reset = True
+            self.base = proc_status('VmHWM')
+        except OSError:
+            self.reset = False
+            self.base = proc_status('VmRSS')
+
+    def peak(self):
+        """(bytes the step needed, whole peak or None)"""
+        if self.device == 'cuda':
+            total = torch.cuda.max_memory_allocated()
+            return total - self.base, total
+        if self.reset:  # the reading itself touches a few pages: 0 means nothing new to within them
+            return max(0, proc_status('VmHWM') - self.base), None
+        used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base
+        return (used if used >= 0 else None), None
 
 
 def sync(device):
@@ -163,12 +208,10 @@ def run_case(case):
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-    if dev == 'cuda':
-        torch.cuda.reset_peak_memory_stats()
-    rss0 = rss_now()
+    memory = StepMemory(dev)
     dt = timed(step, dev, case['min_time'], case['min_iters'])
-    peak = torch.cuda.max_memory_allocated() if dev == 'cuda' else peak_rss() - rss0
-    rec.update(seconds_per_step=dt, tokens_per_s=B * T / dt, peak_mem_bytes=int(peak),
+    used, total = memory.peak()
+    rec.update(seconds_per_step=dt, tokens_per_s=B * T / dt, peak_mem_bytes=used, peak_mem_total_bytes=total,
                flops_per_token=float(flops_per_token), flops_per_s=B * T * flops_per_token / dt)
     return rec
 
@@ -214,6 +257,76 @@ def run_sample(case):
 
 
 # -----------------------------------------------------------------------------
+# a whole GPT-2-small training step, as train.py takes it on a GPU
+
+GPT2_VARIANTS = ['sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_r64', 'sdpa_min']
+
+
+def gpt2_config(variant, shape):
+    """GPT-2 small (or the given shape) with a variant's attention, as the GPU configs set it."""
+    base = dict(n_layer=shape['n_layer'], n_head=shape['n_head'], n_embd=shape['n_embd'],
+                vocab_size=shape['vocab'], block_size=shape['block_size'], bias=False, dropout=0.0)
+    if variant == 'ha':  # config/ha.py: HA in every 4th layer, windows 512 x 32
+        layers = ','.join('ha' if i % 4 == 3 else 'sa' for i in range(shape['n_layer']))
+        return GPTConfig(**base, attn_layers=layers, ha_window1=512, ha_window2=32)
+    if variant == 'ha_r64':  # config/ia_table.py: HA in every layer, windows 64 x 64
+        return GPTConfig(**base, attention='ha', ha_window1=64, ha_window2=64)
+    return GPTConfig(**base, attention='sa' if variant == 'sdpa_min' else variant)
+
+
+def run_gpt2_step(case):
+    """Tokens/s and MFU of train.py's step on GPT-2 small: forward and backward under
+    autocast, gradient clipping, fused AdamW (on CUDA), torch.compile on or off."""
+    import hardware
+    torch.set_num_threads(case['threads'])
+    torch.manual_seed(0)
+    dev, variant, shape, B = case['device'], case['variant'], case['shape'], case['batch_size']
+    T = shape['block_size']
+    cfg = gpt2_config(variant, shape)
+    model = (MinimalGPT(cfg) if variant == 'sdpa_min' else GPT(cfg)).to(dev)
+    flops_per_token = GPT(gpt2_config('sa' if variant == 'sdpa_min' else variant, shape)).flops_per_token(T)
+    opt = GPT.configure_optimizers(model, 0.1, 6e-4, (0.9, 0.95), dev) if variant != 'sdpa_min' else \
+        torch.optim.AdamW(model.parameters(), lr=6e-4, fused=dev == 'cuda')
+    dtype = getattr(torch, case['dtype'])
+    ctx = torch.autocast(device_type=dev, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+    fwd = torch.compile(model) if case['compile'] else model
+    idx = torch.randint(cfg.vocab_size, (B, T + 1), device=dev)
+    xb, yb = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+    def step():
+        with ctx:
+            _, loss = fwd(xb, yb)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    step()  # compilation, autotuning, allocator warm-up
+    sync(dev)
+    first_s = time.perf_counter() - t0
+    memory = StepMemory(dev)
+    dt = timed(step, dev, case['min_time'], case['min_iters'])
+    used, total = memory.peak()
+    peak, source = hardware.peak_flops(dev, case.get('peak_flops', 0.0))
+    tokens_per_s = B * T / dt
+    return dict(variant=variant, mode='gpt2_step' + ('_compiled' if case['compile'] else ''), block_size=T,
+                batch_size=B, device=dev, threads=case['threads'], dtype=case['dtype'], compile=case['compile'],
+                seconds_per_step=dt, first_step_s=first_s, tokens_per_s=tokens_per_s, peak_mem_bytes=used,
+                peak_mem_total_bytes=total, flops_per_token=float(flops_per_token),
+                flops_per_s=tokens_per_s * flops_per_token, mfu=tokens_per_s * flops_per_token / peak,
+                peak_flops=peak, peak_flops_source=source)
+
+
+def gpt2_cases(args):
+    shape = dict(n_layer=12, n_head=12, n_embd=768, vocab=50304, block_size=1024)
+    dtype = 'bfloat16' if args.device == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    return [dict(variant=v, mode='gpt2_step', shape=shape, compile=c, dtype=dtype, batch_size=args.gpt2_batch_size,
+                 peak_flops=args.peak_flops)
+            for v in GPT2_VARIANTS for c in (False, True)]
+
+
+# -----------------------------------------------------------------------------
 # the sweep: one subprocess per case
 
 def plan(args):
@@ -231,30 +344,38 @@ def plan(args):
     return cases
 
 
+def run_any(case):
+    if case['mode'] == 'sample':
+        return run_sample(case)
+    return [run_gpt2_step(case) if case['mode'] == 'gpt2_step' else run_case(case)]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--block-sizes', default=None, help='comma list; CPU default 64,256,1024')
-    p.add_argument('--batch-size', type=int, default=None, help='default 1 on CPU, 8 on CUDA')
+    p.add_argument('--block_sizes', default=None, help='comma list; CPU default 64,256,1024')
+    p.add_argument('--batch_size', type=int, default=None, help='default 1 on CPU, 8 on CUDA')
     p.add_argument('--quick', action='store_true', help='tiny sweep that runs in seconds')
     p.add_argument('--threads', type=int, default=1, help='CPU threads per case (see docstring)')
-    p.add_argument('--n-layer', type=int, default=2)
-    p.add_argument('--n-head', type=int, default=2)
-    p.add_argument('--n-embd', type=int, default=64)
+    p.add_argument('--n_layer', type=int, default=2)
+    p.add_argument('--n_head', type=int, default=2)
+    p.add_argument('--n_embd', type=int, default=64)
     p.add_argument('--vocab', type=int, default=256)
     p.add_argument('--window1', type=int, default=128)
     p.add_argument('--window2', type=int, default=32)
-    p.add_argument('--ref-max', type=int, default=256, help='largest block size for the O(L^3) rows')
-    p.add_argument('--sample-tokens', type=int, default=512)
-    p.add_argument('--in-process', action='store_true', help='no subprocess per case (implied by --quick)')
+    p.add_argument('--ref_max', type=int, default=256, help='largest block size for the O(L^3) rows')
+    p.add_argument('--sample_tokens', type=int, default=512)
+    p.add_argument('--gpt2', choices=('auto', 'on', 'off', 'only'), default='auto',
+                   help='GPT-2-small training-step rows (auto: on CUDA only; only: nothing else)')
+    p.add_argument('--gpt2_batch_size', type=int, default=8, help='micro-batch of the GPT-2-small rows')
+    p.add_argument('--peak_flops', type=float, default=0.0, help="MFU denominator (0: hardware.py's)")
+    p.add_argument('--in_process', action='store_true', help='no subprocess per case (implied by --quick)')
     p.add_argument('--out', default=None, help='write the records as JSON')
     p.add_argument('--case', default=None, help=argparse.SUPPRESS)  # internal: run one case
     args = p.parse_args()
 
     if args.case:
-        case = json.loads(args.case)
-        res = run_sample(case) if case['mode'] == 'sample' else [run_case(case)]
-        print('RESULT ' + json.dumps(res))
+        print('RESULT ' + json.dumps(run_any(json.loads(args.case))))
         return
 
     cpu = args.device == 'cpu'
@@ -276,18 +397,19 @@ def main():
     print(f"device {args.device}, threads {args.threads}, batch {B}, model n_layer={args.n_layer} "
           f"n_head={args.n_head} n_embd={args.n_embd} vocab={args.vocab}")
 
+    cases = []
+    if args.gpt2 != 'only':
+        cases = [dict(common, **c) for c in plan(args)]
+        cases += [dict(common, variant='sa', mode='sample', n_new=args.sample_tokens)]
+    if args.gpt2 in ('on', 'only') or (args.gpt2 == 'auto' and not cpu):
+        cases += [dict(common, **c, min_time=2.0, min_iters=10) for c in gpt2_cases(args)]
     records = []
-    cases = [dict(common, **c) for c in plan(args)]
-    cases += [dict(common, variant='sa', mode='sample', n_new=args.sample_tokens)]
-    hdr = f"{'variant':<16}{'mode':<15}{'L':>5}{'B':>3}{'tokens/s':>11}{'peak MiB':>10}{'GFLOP/tok':>11}{'GFLOP/s':>9}"
-    print(hdr)
     t_start = time.time()
-    for case in cases:
-        if args.in_process or args.quick:  # no fresh process: peak_mem_bytes is only indicative
-            res = run_sample(case) if case['mode'] == 'sample' else [run_case(case)]
-            for rec in res:
-                records.append(rec)
-                print_row(rec)
+    for i, case in enumerate(cases):  # progress on stderr; the table once, at the end
+        print(f"[{i + 1}/{len(cases)}] {case['variant']} {case['mode']}{' compiled' * bool(case.get('compile'))} "
+              f"{case.get('block_size') or ''}", file=sys.stderr, flush=True)
+        if args.in_process or args.quick:  # one process for every case
+            records += run_any(case)
             continue
         try:
             r = subprocess.run([sys.executable, os.path.abspath(__file__), '--case', json.dumps(case)],
@@ -295,14 +417,11 @@ def main():
             line = [s for s in r.stdout.splitlines() if s.startswith('RESULT ')]
             if not line:
                 raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'no result')
-            res = json.loads(line[0][len('RESULT '):])
+            records += json.loads(line[0][len('RESULT '):])
         except Exception as e:  # a case that fails (OOM, timeout) is reported, not fatal
-            res = [dict(variant=case['variant'], mode=case['mode'], block_size=case.get('block_size'),
-                        batch_size=B, tokens_per_s=None, peak_mem_bytes=None, flops_per_token=None,
-                        frac_of_matmul_peak=None, error=str(e)[:200])]
-        for rec in res:
-            records.append(rec)
-            print_row(rec)
+            records.append(dict(variant=case['variant'], mode=case['mode'], block_size=case.get('block_size'),
+                                batch_size=case['batch_size'], tokens_per_s=None, peak_mem_bytes=None,
+                                flops_per_token=None, frac_of_matmul_peak=None, error=str(e)[:200]))
     peak1 = matmul_flops(args.device, 256 if args.quick else 1024, 0.1 if args.quick else 0.5)
     peak = max(peak0, peak1)
     for rec in records:
@@ -310,8 +429,10 @@ def main():
             rec['frac_of_matmul_peak'] = rec['flops_per_s'] / peak
             rec['matmul_flops_per_s'] = peak
     print(f"matmul peak (fp32 1024^3, same threads): {peak / 1e9:.1f} GFLOP/s "
-          f"(start {peak0 / 1e9:.1f}, end {peak1 / 1e9:.1f}); % mm column = achieved / peak")
-    print('\n' + hdr + f"{'% mm':>7}")
+          f"(start {peak0 / 1e9:.1f}, end {peak1 / 1e9:.1f}); % mm column = achieved / peak; "
+          f"MFU column (gpt2_step rows) = achieved / dense bf16 peak (hardware.py)\n")
+    print(f"{'variant':<16}{'mode':<19}{'L':>5}{'B':>3}{'tokens/s':>11}{'peak MiB':>10}{'GFLOP/tok':>11}"
+          f"{'GFLOP/s':>9}{'% mm':>7}{'MFU %':>7}")
     for rec in records:
         print_row(rec)
     print(f"total {time.time() - t_start:.0f} s")
@@ -323,20 +444,20 @@ def main():
 
 
 def args_timeout(args):
-    return 60 if args.quick else 400
+    return 60 if args.quick else 600
 
 
 def print_row(r):
     def fmt(v, scale, w, d):
         return f"{v / scale:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"
     if r.get('error'):
-        print(f"{r['variant']:<16}{r['mode']:<15}{r['block_size'] or '':>5}  FAILED: {r['error']}", flush=True)
+        print(f"{r['variant']:<16}{r['mode']:<19}{r['block_size'] or '':>5}  FAILED: {r['error']}", flush=True)
         return
     extra = f"  identical tokens: {r['identical_tokens']}" if 'identical_tokens' in r else ''
-    print(f"{r['variant']:<16}{r['mode']:<15}{r['block_size']:>5}{r['batch_size']:>3}"
+    print(f"{r['variant']:<16}{r['mode']:<19}{r['block_size']:>5}{r['batch_size']:>3}"
           f"{fmt(r['tokens_per_s'], 1, 11, 1)}{fmt(r['peak_mem_bytes'], 2 ** 20, 10, 1)}"
           f"{fmt(r['flops_per_token'], 1e9, 11, 4)}{fmt(r.get('flops_per_s'), 1e9, 9, 2)}"
-          f"{fmt(r.get('frac_of_matmul_peak'), 0.01, 7, 1)}{extra}", flush=True)
+          f"{fmt(r.get('frac_of_matmul_peak'), 0.01, 7, 1)}{fmt(r.get('mfu'), 0.01, 7, 1)}{extra}", flush=True)
 
 
 if __name__ == '__main__':

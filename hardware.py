@@ -38,7 +38,7 @@ def cuda_peak(name):
     return None
 
 
-def measured_matmul_flops(device='cpu', n=1024, seconds=0.3):
+def measured_matmul_flops(device='cpu', n=1024, seconds=0.2):
     """FLOP/s of an n x n fp32 matmul on this device and thread count (best of the calls).
     Its inputs come from a private generator: measuring never moves torch's global RNG."""
     g = torch.Generator(device).manual_seed(0)

@@ -397,13 +397,15 @@ if master:
     else:
         for name in ('log.jsonl', 'train_log.jsonl'):
             (out / name).unlink(missing_ok=True)
-    (out / 'run.json').write_text(json.dumps({'config': config, 'model_args': asdict(gptconf), 'params': n_params,
-                                              'flops_per_token': flops_per_token, 'world_size': world_size}, indent=1))
-del ckpt
-peak = peak_source = None
-if master:  # the MFU denominator (hardware.py): per device, so the run's peak is world_size times it
+    # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
     peak, peak_source = hardware.peak_flops(device, peak_flops)
     print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
+    (out / 'run.json').write_text(json.dumps({'config': config, 'model_args': asdict(gptconf), 'params': n_params,
+                                              'flops_per_token': flops_per_token, 'world_size': world_size,
+                                              'peak_flops': peak, 'peak_flops_source': peak_source}, indent=1))
+else:
+    peak = None
+del ckpt
 
 
 def mfu(tokens_per_s):

@@ -1,0 +1,117 @@
+"""
+Smoke test of train.py on a GPU: a few iterations of every GPU config (and of the
+config/ia_table.py grid's variants) with torch.compile on, one process, on a synthetic
+GPT-2-token dataset made on the spot; prints each run's tokens/s, MFU and first-step time.
+
+    python tools/train_smoke.py                    # every distinct model, 20 iterations each
+    python tools/train_smoke.py --only sa,ha --iters 20 --out gpu_check_out
+
+Configs whose model and batch equal an earlier one's (e.g. owt_gpt3small_sa and sa) are run
+once. Needs CUDA (on CPU it runs too, slowly, with --device=cpu --compile=False).
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import compare  # noqa: E402
+from tools.budgets import gpu_configs  # noqa: E402
+
+MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'attention', 'attn_layers', 'head_dim',
+              'hfa_order', 'n_hfa_head', 'hfa_kron', 'ha_order', 'ha_share_kv', 'ha_window1', 'ha_window2',
+              'attn_window', 'linear_norm', 'bias', 'dropout')
+
+
+def synthetic_data(folder, n_train=4_000_000, n_val=400_000):
+    """Uniform random GPT-2 token ids in nanoGPT's layout (the loss stays ~log 50257)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split, n in (('train', n_train), ('val', n_val)):
+        rng.integers(0, 50257, n, dtype=np.uint16).tofile(folder / f'{split}.bin')
+    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'gpt2', 'vocab_size': 50257}))
+    return folder
+
+
+def runs_to_make():
+    """(name, config file, overrides) of every distinct GPU model."""
+    out, seen = [], {}
+    candidates = [(p.stem, str(p), {}) for p in gpu_configs()]
+    ia = ROOT / 'config' / 'ia_table.py'
+    with tempfile.TemporaryDirectory() as tmp:
+        args = compare.parse_args(['--config', str(ia), '--out', tmp])
+        candidates += [(f"ia_table:{v['variant']}", str(ia), v['overrides']) for v in compare.plan(args)]
+    for name, path, overrides in candidates:
+        cfg = compare.resolve(path, [], overrides)
+        kinds = set(cfg['attn_layers'].split(',')) if cfg['attn_layers'] else {cfg['attention']}
+        key = tuple(cfg[k] for k in MODEL_KEYS if not (k.startswith('ha_') and 'ha' not in kinds)
+                    and not (k.startswith('hfa_') and not kinds & {'hfa_v1', 'hfa_v2'}))
+        if key in seen:
+            print(f"{name}: the model of {seen[key]}, not run again")
+            continue
+        seen[key] = name
+        out.append((name, path, overrides))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--iters', type=int, default=20)
+    p.add_argument('--accum', type=int, default=2, help='gradient_accumulation_steps of every run')
+    p.add_argument('--only', default='', help='comma list of run names (default: all)')
+    p.add_argument('--timeout', type=int, default=300, help='seconds per run')
+    p.add_argument('--out', default='', help='folder for smoke.json and smoke.log')
+    p.add_argument('extra', nargs='*', help='more train.py --key=value settings')
+    args = p.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix='train_smoke_'))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'smoke.log').unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix='train_smoke_work_'))
+    data = synthetic_data(work / 'data')
+    wanted = set(filter(None, args.only.split(',')))
+    results = []
+    for name, path, overrides in runs_to_make():
+        if wanted and name not in wanted and name.split(':')[-1] not in wanted:
+            continue
+        cmd = [sys.executable, str(ROOT / 'train.py'), path, *compare.as_args(overrides),
+               f'--data_dir={data}', f'--out_dir={work / name.replace(":", "_")}', f'--max_iters={args.iters}',
+               f'--lr_decay_iters={args.iters}', '--warmup_iters=2', f'--eval_interval={args.iters}',
+               '--eval_iters=2', '--log_interval=5', f'--gradient_accumulation_steps={args.accum}',
+               '--compile=True', '--wandb_log=False', '--always_save_checkpoint=False', *args.extra]
+        t0 = time.time()
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+            log, rc = r.stdout + r.stderr, r.returncode
+        except subprocess.TimeoutExpired as e:  # its partial output may come as bytes
+            text = lambda b: b.decode(errors='replace') if isinstance(b, bytes) else b or ''
+            log, rc = text(e.stdout) + text(e.stderr), 'timeout'
+        with open(out / 'smoke.log', 'a') as f:  # one file for every run's output
+            f.write(f"\n=== {name}: {' '.join(cmd)}\n{log}")
+        final = re.search(r'final: .*?([\d,]+) tokens/s(?:, mfu ([\d.]+)%)?', log)
+        first = re.search(r'iter 0: .*time (\d+)ms \(first step', log)
+        res = {'run': name, 'rc': rc, 'wall_s': round(time.time() - t0, 1),
+               'tokens_per_s': float(final.group(1).replace(',', '')) if final else None,
+               'mfu': float(final.group(2)) / 100 if final and final.group(2) else None,
+               'first_step_s': int(first.group(1)) / 1000 if first else None}
+        results.append(res)
+        print(f"{name:<26} rc {rc!s:>7}  {res['tokens_per_s'] or 0:>10,.0f} tokens/s  "
+              f"MFU {100 * (res['mfu'] or 0):5.1f}%  first step {res['first_step_s'] or 0:6.1f} s  "
+              f"({res['wall_s']:.0f} s)", flush=True)
+        if rc != 0:
+            print('\n'.join('    ' + l for l in log.strip().splitlines()[-6:]))
+    (out / 'smoke.json').write_text(json.dumps(results, indent=1))
+    print(f"wrote {out / 'smoke.json'}")
+    return 0 if results and all(r['rc'] == 0 for r in results) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
