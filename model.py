@@ -137,8 +137,9 @@ class Heads(nn.Module):
 
     def forward(self, x, kv=None, offset=0):
         B, T, _ = x.shape
-        s = self.c_attn(x).view(B, T, self.n_streams, self.h, self.dh).permute(2, 0, 3, 1, 4)
-        q, k, v = s.split([self.n_q, self.n_k, self.n_v])
+        s = self.c_attn(x).view(B, T, self.n_streams, self.h, self.dh)
+        # split, then permute: the backward then concatenates straight into c_attn's layout
+        q, k, v = (t.permute(2, 0, 3, 1, 4) for t in s.split([self.n_q, self.n_k, self.n_v], dim=2))
         if kv is not None:  # decoding: append this step's keys and values to the cache
             if 'k' in kv:
                 k, v = torch.cat([kv['k'], k], dim=3), torch.cat([kv['v'], v], dim=3)
@@ -167,7 +168,7 @@ class SoftmaxHeads(Heads):
     sum runs over the last w positions only, i - w < j <= i (sliding-window attention)."""
 
     def mix(self, q, k, v, offset):
-        q, k, v = q[0], k[0], v[0]
+        q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)  # not q[0]: its backward copies into zeros
         drop = self.dropout if self.training else 0.0
         if not self.window:  # the mask-free forms SDPA runs fastest
             if not self.cfg.causal or (q.size(-2) == 1 and offset == k.size(-2) - 1):
@@ -187,7 +188,7 @@ class LinearHeads(Heads):
     (i + 1, or the window), which keeps activations O(1) for long contexts; off by default."""
 
     def mix(self, q, k, v, offset):
-        q, k, v = q[0], k[0], v[0]
+        q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)
         m = self.mask(q, k, offset)
         w = (q @ k.transpose(-2, -1)) * self.dh ** -0.5 * m
         if self.cfg.linear_norm:
