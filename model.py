@@ -25,7 +25,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from hyperattention import hyper_attention, hyper_attention_reference
+import kernels
+from kernels.hyperattention import hyper_attention_reference, linear_hyper_attention
+from kernels.masks import mean_visible, visible
+from kernels.ops import hfa_attention, hyper_attention, linear_attention
 
 ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
 
@@ -53,6 +56,7 @@ class GPTConfig:
     ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
     attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
+    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch': who computes linear, hfa and ha (kernels/)
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -75,6 +79,8 @@ class GPTConfig:
                              "window HyperAttention with ha_window1 / ha_window2")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
+        if self.kernel not in kernels.KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(kernels.KERNELS)}, not {self.kernel!r}")
 
     def layer_attentions(self):
         if self.attn_layers:
@@ -90,29 +96,6 @@ class GPTConfig:
         """Build from a dict that may hold other keys (a training config, an old checkpoint)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-# -----------------------------------------------------------------------------
-# masks: which key positions a query position may read
-
-def visible(n_q, n_k, offset, causal, window, device):
-    """Bool (n_q, n_k). Query i sits at absolute position offset + i, key j at j.
-    Causal: j <= offset + i; a window w > 0 also requires offset + i - j < w."""
-    i = torch.arange(n_q, device=device)[:, None] + offset
-    j = torch.arange(n_k, device=device)[None, :]
-    if not causal:
-        return torch.ones(n_q, n_k, dtype=torch.bool, device=device)
-    m = j <= i
-    if window:
-        m = m & (i - j < window)
-    return m
-
-
-def mean_visible(T, causal, window=0):
-    """Number of keys a query sees, averaged over the T positions of a sequence."""
-    if not causal:
-        return float(T)
-    return sum(min(i + 1, window or T) for i in range(T)) / T
 
 
 # -----------------------------------------------------------------------------
@@ -134,6 +117,7 @@ class Heads(nn.Module):
         self.n_streams = self.n_q + self.n_k + self.n_v
         self.c_attn = nn.Linear(cfg.n_embd, self.n_streams * n_heads * self.dh, bias=cfg.bias)
         self.dropout = cfg.dropout
+        kernels.prepare(cfg.kernel)
 
     def forward(self, x, kv=None, offset=0):
         B, T, _ = x.shape
@@ -155,6 +139,11 @@ class Heads(nn.Module):
 
     def weights_dropout(self, w):
         return F.dropout(w, self.dropout, self.training) if self.dropout else w
+
+    def backend(self, q, family, supported=True):
+        """'triton' or 'torch' (kernels.backend); the fused kernels apply no attention-weight
+        dropout, so while it is active the PyTorch path runs."""
+        return kernels.backend(self.cfg.kernel, q, family, supported and not (self.dropout and self.training))
 
     def mix_flops(self, T):
         """Forward FLOPs per token, per head, of mixing keys into values (no projections)."""
@@ -188,6 +177,8 @@ class LinearHeads(Heads):
 
     def mix(self, q, k, v, offset):
         q, k, v = q[0], k[0], v[0]
+        if self.backend(q, 'linear') == 'triton':
+            return linear_attention(q, k, v, offset, self.cfg.causal, self.window, self.cfg.linear_norm, self.dh ** -0.5)
         m = self.mask(q, k, offset)
         w = (q @ k.transpose(-2, -1)) * self.dh ** -0.5 * m
         if self.cfg.linear_norm:
@@ -220,6 +211,8 @@ class HFAHeads(Heads):
 
     def mix(self, q, k, v, offset):
         v = v.prod(0)  # hfa_v1: the only value stream; hfa_v2: the Hadamard product
+        if self.backend(q[0], 'hfa', self.cfg.softmax and len(q) <= 4) == 'triton':
+            return hfa_attention(q, k, v, offset, self.cfg.causal, self.window, self.dh ** -0.5)
         if self.use_kron:
             return self.mix_kron(q, k, v, offset)
         s = q @ k.transpose(-2, -1)  # (A, B, H, Tq, Tk); multiply the factors out one by one:
@@ -265,7 +258,7 @@ class HAHeads(Heads):
     [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
     windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
     (2-simplicial attention, Roy et al. 2025; for order >= 4 the slots beyond the second are
-    full). Order 3 runs blockwise with an online softmax (hyperattention.py): no T x T x T
+    full). Order 3 runs blockwise with an online softmax (kernels/): no T x T x T
     tensor. Order >= 4 uses the materialising reference.
     Dropout on the attention weights is not applied here (the kernel never forms them); the
     residual dropout after W_O is."""
@@ -280,9 +273,12 @@ class HAHeads(Heads):
         c, n = self.cfg, self.cfg.ha_order - 1
         if c.ha_share_kv:  # the same key and value stream in every slot
             k, v = k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])
+        if n == 2 and not c.softmax:
+            return linear_hyper_attention(q[0], k[0], k[1], v[0], v[1], offset, c.causal, c.ha_window1, c.ha_window2)
         if n == 2:
-            return hyper_attention(q[0], k[0], k[1], v[0], v[1], offset=offset, causal=c.causal,
-                                   window1=c.ha_window1, window2=c.ha_window2, softmax=c.softmax)
+            k1, v1 = k[0], v[0]
+            k2, v2 = (k1, v1) if c.ha_share_kv else (k[1], v[1])  # shared: one tensor in both slots
+            return hyper_attention(q[0], k1, k2, v1, v2, offset, c.causal, c.ha_window1, c.ha_window2, c.kernel)
         windows = [c.ha_window1, c.ha_window2] + [0] * (n - 2)  # slots beyond the second: full
         masks = [visible(q.size(-2), k.size(-2), offset, c.causal, w, q.device) for w in windows]
         return hyper_attention_reference(q[0], list(k), list(v), masks, softmax=c.softmax)

@@ -1,7 +1,7 @@
 """
 The fast kernels against their definitions (float64, tiny sizes), and the KV cache.
 
-- hyper_attention (blockwise, online softmax, recomputing backward; prefix sums without
+- the PyTorch HA kernels (blockwise, online softmax, recomputing backward; prefix sums without
   softmax) == hyper_attention_reference (every tuple materialised): outputs and gradients of
   q, k1, k2, v1, v2, for causal / non-causal, windows, decoding offsets, odd block sizes.
 - HFA: the Kronecker-lift SDPA path == explicit scores, outputs and gradients.
@@ -18,7 +18,8 @@ import sys
 import pytest
 import torch
 
-from hyperattention import _spans, hyper_attention, hyper_attention_reference, pair_masks
+from kernels.hyperattention import _spans, hyper_attention_reference, linear_hyper_attention, pair_masks
+from kernels.ops import hyper_attention as softmax_hyper_attention
 from model import GPT, GPTConfig, HFAHeads, KVCache
 
 DT = torch.float64
@@ -34,6 +35,15 @@ def inputs(Tq, Tk, seed, B=2, H=2, dh=5):
 def reference(q, k1, k2, v1, v2, offset, causal, w1, w2, softmax):
     masks = pair_masks(q.size(-2), k1.size(-2), offset, causal, w1, w2, q.device)
     return hyper_attention_reference(q, [k1, k2], [v1, v2], masks, softmax=softmax)
+
+
+def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2=0, softmax=True,
+                    block_q=0, block_k=0):
+    """The PyTorch order-3 kernels, softmax (blockwise op) or linear (prefix sums)."""
+    if not softmax:
+        return linear_hyper_attention(q, k1, k2, v1, v2, offset, causal, window1, window2)
+    return softmax_hyper_attention(q, k1, k2, v1, v2, offset, causal, window1, window2, 'torch',
+                                   block_q or 0, block_k or 0)
 
 
 def value_and_grads(f, x, seed):
