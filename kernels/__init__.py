@@ -26,7 +26,7 @@ import torch
 KERNELS = ('auto', 'triton', 'torch')
 FAMILIES = {'hfa': 'triton_hfa', 'linear': 'triton_linear', 'ha': 'triton_ha'}
 
-_triton = {'tried': False, 'error': None}  # filled once by load_triton()
+_triton = {'tried': False, 'error': None, 'env_before': None}  # filled once by load_triton()
 _modules = {}
 
 
@@ -43,7 +43,7 @@ def load_triton():
         _triton['error'] = ("triton was imported before kernels on a machine without CUDA, so its "
                             "interpreter cannot be switched on; import kernels first or use kernel='torch'")
         return _triton['error']
-    old = os.environ.get('TRITON_INTERPRET')
+    old = _triton['env_before'] = os.environ.get('TRITON_INTERPRET')
     try:
         if interpret:
             os.environ['TRITON_INTERPRET'] = '1'

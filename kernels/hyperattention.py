@@ -155,8 +155,10 @@ def _blocks(Tq, Tk, offset, causal, w1, w2, bq, b1, device):
 
 def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, block_q=0, block_k=0):
     """Order-3 HyperAttention forward. q (N, Tq, dh), k*, v* (N, Tk, dh); query i sits at
-    position offset + i. Returns out (N, Tq, dh) in q's dtype and the row logsumexp
-    (N, Tq) in the compute dtype (-inf for a query that sees no pair)."""
+    position offset + i. Returns out (N, Tq, dh) in q's dtype, the row logsumexp (N, Tq) in
+    the compute dtype (-inf for a query that sees no pair), and the output in the compute
+    dtype when that differs from q's (else None): backward's D_i = dO_i . O_i is best taken
+    from it, not from the rounded output."""
     dtype, cdt = q.dtype, compute_dtype(q.dtype)
     q, k1, k2, v1, v2 = (t.to(cdt) for t in (q, k1, k2, v1, v2))
     N, Tq, dh = q.shape
@@ -186,7 +188,7 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, bloc
         if blocks:  # a row that saw nothing has acc = 0 and l = 0: out 0, lse -inf
             out[:, i0:i1] = acc / l.clamp(min=torch.finfo(cdt).tiny)[..., None]
             lse[:, i0:i1] = m + l.log()
-    return out.to(dtype), lse
+    return out.to(dtype), lse, (out if dtype != cdt else None)
 
 
 def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale,

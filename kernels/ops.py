@@ -24,21 +24,37 @@ def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _keeps_fp32(dtype):
+    """bf16/fp16 forwards also return their fp32 output: backward's D_i = dO_i . O_i from
+    the rounded output would add most of the gradient error (kernels/triton_hfa.py)."""
+    return dtype in (torch.bfloat16, torch.float16)
+
+
+def _or_empty(t, like):
+    return t if t is not None else like.new_empty(0, dtype=torch.float32)
+
+
 # -----------------------------------------------------------------------------
 # HyperAttention, order 3
 
 @torch.library.custom_op('nanohfa::ha3_fwd', mutates_args=())
 def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: int, causal: bool,
             window1: int, window2: int, scale: float, backend: str, block_q: int, block_k: int
-            ) -> tuple[Tensor, Tensor]:
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, out32): out32 the PyTorch kernel's fp32 output for bf16/fp16 inputs, else empty."""
     if backend == 'triton':
-        return kernels.triton_module('ha').ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
-    return torch_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, block_q, block_k)
+        out, lse = kernels.triton_module('ha').ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
+        return out, lse, _or_empty(None, q)
+    out, lse, out32 = torch_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale,
+                                           block_q, block_k)
+    return out, lse, _or_empty(out32, q)
 
 
 @ha3_fwd.register_fake
 def _(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, backend, block_q, block_k):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    keep = backend != 'triton' and _keeps_fp32(q.dtype)
+    return (torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype)),
+            q.new_empty(q.shape if keep else (0,), dtype=torch.float32))
 
 
 @torch.library.custom_op('nanohfa::ha3_bwd', mutates_args=())
@@ -60,11 +76,12 @@ def _(q, k1, k2, v1, v2, out, lse, dout, *args):
 
 def _ha3_setup(ctx, inputs, output):
     q, k1, k2, v1, v2, *ctx.args = inputs
-    ctx.save_for_backward(q, k1, k2, v1, v2, *output)
-    ctx.mark_non_differentiable(output[1])
+    out, lse, out32 = output
+    ctx.save_for_backward(q, k1, k2, v1, v2, out32 if out32.numel() else out, lse)
+    ctx.mark_non_differentiable(lse, out32)
 
 
-def _ha3_backward(ctx, dout, _dlse):
+def _ha3_backward(ctx, dout, _dlse, _dout32):
     q, k1, k2, v1, v2, out, lse = ctx.saved_tensors
     return (*ha3_bwd(q, k1, k2, v1, v2, out, lse, dout, *ctx.args),) + (None,) * len(ctx.args)
 
@@ -77,13 +94,16 @@ ha3_fwd.register_autograd(_ha3_backward, setup_context=_ha3_setup)
 
 @torch.library.custom_op('nanohfa::hfa_fwd', mutates_args=())
 def hfa_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, scale: float
-            ) -> tuple[Tensor, Tensor]:
-    return kernels.triton_module('hfa').hfa_forward(q, k, v, offset, causal, window, scale)
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, out32): out32 the fp32 output for bf16/fp16 inputs, else empty."""
+    out, lse, out32 = kernels.triton_module('hfa').hfa_forward(q, k, v, offset, causal, window, scale)
+    return out, lse, _or_empty(out32, q)
 
 
 @hfa_fwd.register_fake
 def _(q, k, v, offset, causal, window, scale):
-    return q.new_empty(q.shape[1:]), q.new_empty(q.shape[1:-1], dtype=torch.float32)
+    return (q.new_empty(q.shape[1:]), q.new_empty(q.shape[1:-1], dtype=torch.float32),
+            q.new_empty(q.shape[1:] if _keeps_fp32(q.dtype) else (0,), dtype=torch.float32))
 
 
 @torch.library.custom_op('nanohfa::hfa_bwd', mutates_args=())
@@ -99,11 +119,12 @@ def _(q, k, v, *args):
 
 def _hfa_setup(ctx, inputs, output):
     q, k, v, *ctx.args = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.mark_non_differentiable(output[1])
+    out, lse, out32 = output
+    ctx.save_for_backward(q, k, v, out32 if out32.numel() else out, lse)
+    ctx.mark_non_differentiable(lse, out32)
 
 
-def _hfa_backward(ctx, dout, _dlse):
+def _hfa_backward(ctx, dout, _dlse, _dout32):
     q, k, v, out, lse = ctx.saved_tensors
     return (*hfa_bwd(q, k, v, out, lse, dout.contiguous(), *ctx.args),) + (None,) * len(ctx.args)
 
@@ -168,7 +189,7 @@ def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2
     qf, k1f, v1f = _flat(q), _flat(k1), _flat(v1)
     k2f = k1f if k2 is k1 else _flat(k2)
     v2f = v1f if v2 is v1 else _flat(v2)
-    out, _ = ha3_fwd(qf, k1f, k2f, v1f, v2f, offset, causal, window1, window2, dh ** -0.5, be, block_q, block_k)
+    out, _, _ = ha3_fwd(qf, k1f, k2f, v1f, v2f, offset, causal, window1, window2, dh ** -0.5, be, block_q, block_k)
     return out.view(B, H, Tq, dh)
 
 
@@ -178,7 +199,7 @@ def hfa_attention(q, k, v, offset, causal, window, scale):
     A, B, H, Tq, dh = q.shape
     qf = q.reshape(A, B * H, Tq, dh).contiguous()
     kf = k.reshape(A, B * H, k.size(-2), dh).contiguous()
-    out, _ = hfa_fwd(qf, kf, _flat(v), offset, causal, window if causal else 0, scale)
+    out, _, _ = hfa_fwd(qf, kf, _flat(v), offset, causal, window if causal else 0, scale)
     return out.view(B, H, Tq, dh)
 
 

@@ -5,10 +5,11 @@ tile sizes.
 
 Triton compiles for GPUs only. On a machine without CUDA, kernels/__init__.py imports
 triton with its interpreter switched on (TRITON_INTERPRET=1 for that import only), so the
-same kernels run on CPU tensors, slowly: that is how CI tests them. The interpreter's dot
-multiplies bfloat16 tiles as their raw bits (triton 3.9), so there bf16 tiles are widened
-to fp32 before each dot: products of bf16 values are exact in fp32, and the fp32
-accumulation is what tensor cores do, so the numbers are those of the GPU kernel.
+same kernels run on CPU tensors, slowly: that is how CI tests them. The interpreter (triton 3.9)
+multiplies bfloat16 tiles as their raw bits and truncates fp32 -> bf16 casts, so there bf16
+tiles are widened to fp32 before each dot (products of bf16 values are exact in fp32 and
+accumulate in fp32, as on tensor cores) and casts round to nearest-even on the bits: the
+numbers are those of the GPU kernel up to summation order.
 """
 
 import torch
@@ -26,6 +27,17 @@ def _mm(a, b, UP: tl.constexpr, PREC: tl.constexpr):
     if UP:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, UP: tl.constexpr):
+    """x.to(dtype) rounded to nearest-even as on the GPU; UP (interpreter, bf16): the
+    interpreter truncates fp32 -> bf16, so the rounding is done on the bits first."""
+    if UP:
+        b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
 
 
 @triton.jit

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (_mm, _visible, block_sizes, dot_precision, head_block, key_range,
+from kernels.triton_common import (_cast, _mm, _visible, block_sizes, dot_precision, head_block, key_range,
                                    query_range, upcast_dots)
 
 
@@ -50,19 +50,20 @@ def _linear_fwd(Q, K, V, O, Tq, Tk, offset, window, scale, CAUSAL: tl.constexpr,
         k = tl.load(K + n * Tk * D + rn[:, None] * D + rd[None, :], mask=km, other=0.0)
         v = tl.load(V + n * Tk * D + rn[:, None] * D + rd[None, :], mask=km, other=0.0)
         s = tl.where(_visible(pos, rn, Tk, window, CAUSAL), _mm(q, tl.trans(k), UP, PREC) * scale, 0.0)
-        acc += _mm(s.to(v.dtype), v, UP, PREC)
+        acc += _mm(_cast(s, v.dtype, UP), v, UP, PREC)
     if NORM:
         acc = acc / _count(pos, Tk, window, CAUSAL)[:, None]
-    tl.store(O + n * Tq * D + rm[:, None] * D + rd[None, :], acc.to(O.dtype.element_ty), mask=qm)
+    tl.store(O + n * Tq * D + rm[:, None] * D + rd[None, :], _cast(acc, O.dtype.element_ty, UP), mask=qm)
 
 
 @triton.jit
-def _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr):
+def _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+            UP: tl.constexpr):
     """g = dO / c (the normalisation moved onto the output gradient), in dO's dtype."""
     g = tl.load(DO + n * Tq * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < Tq) & (rd[None, :] < D),
                 other=0.0)
     if NORM:
-        g = (g.to(tl.float32) / _count(pos, Tk, window, CAUSAL)[:, None]).to(g.dtype)
+        g = _cast(g.to(tl.float32) / _count(pos, Tk, window, CAUSAL)[:, None], g.dtype, UP)
     return g
 
 
@@ -75,7 +76,7 @@ def _linear_bwd_dq(K, V, DO, DQ, Tq, Tk, offset, window, scale, CAUSAL: tl.const
     rm = pid_m * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
     pos = offset + rm
-    g = _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL, NORM, D)
+    g = _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL, NORM, D, UP)
     acc = tl.full([BM, BD], 0.0, tl.float32)
     lo, hi = key_range(pid_m * BM, BM, BN, Tq, Tk, offset, window, CAUSAL)
     for start in range(lo, hi, BN):
@@ -84,8 +85,8 @@ def _linear_bwd_dq(K, V, DO, DQ, Tq, Tk, offset, window, scale, CAUSAL: tl.const
         k = tl.load(K + n * Tk * D + rn[:, None] * D + rd[None, :], mask=km, other=0.0)
         v = tl.load(V + n * Tk * D + rn[:, None] * D + rd[None, :], mask=km, other=0.0)
         ds = tl.where(_visible(pos, rn, Tk, window, CAUSAL), _mm(g, tl.trans(v), UP, PREC), 0.0)
-        acc += _mm(ds.to(k.dtype), k, UP, PREC)
-    tl.store(DQ + n * Tq * D + rm[:, None] * D + rd[None, :], (acc * scale).to(DQ.dtype.element_ty),
+        acc += _mm(_cast(ds, k.dtype, UP), k, UP, PREC)
+    tl.store(DQ + n * Tq * D + rm[:, None] * D + rd[None, :], _cast(acc * scale, DQ.dtype.element_ty, UP),
              mask=(rm[:, None] < Tq) & (rd[None, :] < D))
 
 
@@ -108,14 +109,14 @@ def _linear_bwd_dkdv(Q, K, V, DO, DK, DV, Tq, Tk, offset, window, scale, CAUSAL:
         pos = offset + rm
         q = tl.load(Q + n * Tq * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < Tq) & (rd[None, :] < D),
                     other=0.0)
-        g = _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL, NORM, D)
+        g = _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL, NORM, D, UP)
         vis = _visible(pos, rn, Tk, window, CAUSAL) & (rm[:, None] < Tq)  # (BM, BN)
         s = tl.where(vis, _mm(q, tl.trans(k), UP, PREC) * scale, 0.0)
         dp = tl.where(vis, _mm(g, tl.trans(v), UP, PREC), 0.0)
-        dv += _mm(tl.trans(s.to(g.dtype)), g, UP, PREC)
-        dk += _mm(tl.trans(dp.to(q.dtype)), q, UP, PREC)
-    tl.store(DK + n * Tk * D + rn[:, None] * D + rd[None, :], (dk * scale).to(DK.dtype.element_ty), mask=km)
-    tl.store(DV + n * Tk * D + rn[:, None] * D + rd[None, :], dv.to(DV.dtype.element_ty), mask=km)
+        dv += _mm(tl.trans(_cast(s, g.dtype, UP)), g, UP, PREC)
+        dk += _mm(tl.trans(_cast(dp, q.dtype, UP)), q, UP, PREC)
+    tl.store(DK + n * Tk * D + rn[:, None] * D + rd[None, :], _cast(dk * scale, DK.dtype.element_ty, UP), mask=km)
+    tl.store(DV + n * Tk * D + rn[:, None] * D + rd[None, :], _cast(dv, DV.dtype.element_ty, UP), mask=km)
 
 
 def _shapes(q, k, v):
