@@ -74,7 +74,52 @@ def _gather(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.constexpr):
+def _lowp(x, dt: tl.constexpr, EMU: tl.constexpr):
+    """float32 x rounded to the matmul input dtype dt. EMU (bf16 under Triton's CPU
+    interpreter, whose bf16 casts truncate and whose bf16 dots multiply the raw bits):
+    float32 holding x rounded to nearest-even bf16, which the GPU computes natively."""
+    if EMU:
+        b = x.to(tl.uint32, bitcast=True)
+        b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+        y = b.to(tl.float32, bitcast=True)
+    else:
+        y = x.to(dt)
+    return y
+
+
+@triton.jit
+def _split(x, dt: tl.constexpr, EMU: tl.constexpr):
+    """float32 x as hi + lo in the matmul dtype: a product of two bf16 (or fp16) numbers is
+    then held almost exactly, where hi alone would round it to 8 (11) bits."""
+    hi = _lowp(x, dt, EMU)
+    return hi, _lowp(x - hi.to(tl.float32), dt, EMU)
+
+
+@triton.jit
+def _pair_dot(hi, lo, bT, SPLIT: tl.constexpr, PREC: tl.constexpr):
+    """(hi + lo) @ bT with float32 accumulation; SPLIT False: hi @ bT."""
+    if SPLIT:
+        acc = tl.dot(lo, bT, input_precision=PREC)
+        acc = tl.dot(hi, bT, acc, input_precision=PREC)
+    else:
+        acc = tl.dot(hi, bT, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _pair_dot_t(b, hi, lo, SPLIT: tl.constexpr, PREC: tl.constexpr):
+    """b @ (hi + lo)^T with float32 accumulation; SPLIT False: b @ hi^T."""
+    if SPLIT:
+        acc = tl.dot(b, tl.trans(lo), input_precision=PREC)
+        acc = tl.dot(b, tl.trans(hi), acc, input_precision=PREC)
+    else:
+        acc = tl.dot(b, tl.trans(hi), input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.constexpr,
+              EMU: tl.constexpr):
     """Key rows j (BB,) as a (BB, DP) tile in the input dtype; MASKED: rows >= j_end read 0."""
     ptr = base + j[:, None] * DH + d[None, :]
     if MASKED:
@@ -87,6 +132,8 @@ def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.
             x = tl.load(ptr)
         else:
             x = tl.load(ptr, mask=d[None, :] < DH, other=0.0)
+    if EMU:
+        x = x.to(tl.float32)
     return x
 
 
@@ -118,12 +165,12 @@ def _visible(j, p_r, Wb):
 @triton.jit
 def _fwd_sweep(A, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr,
-               MASKED: tl.constexpr, PREC: tl.constexpr):
+               MASKED: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """Online softmax of the lanes A (R, DP) over b keys [j0, j1) (base-2 logits)."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
-        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED)
-        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED)
+        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
+        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
         S = tl.dot(A, tl.trans(kb), input_precision=PREC)
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
@@ -132,7 +179,7 @@ def _fwd_sweep(A, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
         P = tl.math.exp2(S - m_use[:, None])
         alpha = tl.math.exp2(m - m_use)
         l = l * alpha + tl.sum(P, 1)
-        acc = tl.dot(P.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PREC)
+        acc = tl.dot(_lowp(P, KB.dtype.element_ty, EMU), vb, acc * alpha[:, None], input_precision=PREC)
         m = m_new
     return m, l, acc
 
@@ -141,7 +188,7 @@ def _fwd_sweep(A, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
 def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, LSE,
                     Tq, Tk, offset, Wa, Wb, qk_scale,
                     CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                    G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr):
+                    G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
     i0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * G  # longest causal rows first
@@ -173,13 +220,13 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, LSE,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A = (_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP)).to(dt)
+        A = _lowp(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
         m = tl.full((R,), float('-inf'), tl.float32)
         l = tl.zeros((R,), tl.float32)
         acc = tl.zeros((R, DP), tl.float32)
-        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PREC)
-        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PREC)
-        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PREC)
+        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PREC, EMU)
+        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PREC, EMU)
+        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PREC, EMU)
         # merge the lanes of each query: lane r holds sum_jb exp2(s - m_r) vb, times va
         m = tl.where(ok, m, float('-inf'))
         c = acc * _gather(VA, ja, ok, d, DH, DP)
@@ -198,7 +245,7 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, LSE,
     out = tl.where(seen[:, None], Oacc / L_div[:, None], 0.0)
     lse = tl.where(seen, (M + tl.log2(L_div)) * 0.6931471805599453, float('-inf'))
     o_mask = (gi < Tq)[:, None] & (d[None, :] < DH)
-    tl.store(O + gi[:, None] * DH + d[None, :], out.to(dt), mask=o_mask)
+    tl.store(O + gi[:, None] * DH + d[None, :], _lowp(out, dt, EMU).to(dt), mask=o_mask)
     tl.store(LSE + gi, lse, mask=gi < Tq)
 
 
@@ -216,23 +263,23 @@ def _lane_stats(LSE, DELTA, i_r, ok):
 
 
 @triton.jit
-def _bwd_sweep(A, Bm, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d,
-               DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr,
-               MASKED: tl.constexpr, NEED_V: tl.constexpr, PREC: tl.constexpr):
+def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d,
+               DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, MASKED: tl.constexpr,
+               NEED_V: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """Over b keys [j0, j1): Gk += dS @ kb and (NEED_V) Gv += P @ vb, per lane."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
-        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED)
-        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED)
-        S = tl.dot(A, tl.trans(kb), input_precision=PREC)
+        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
+        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT, PREC)
         P = tl.math.exp2(S - lse2[:, None])
         if MASKED:
             P = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], P, 0.0)
-        dP = tl.dot(Bm, tl.trans(vb), input_precision=PREC)
+        dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT, PREC)
         dS = P * (dP - delta[:, None])
-        Gk = tl.dot(dS.to(kb.dtype), kb, Gk, input_precision=PREC)
+        Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
         if NEED_V:
-            Gv = tl.dot(P.to(vb.dtype), vb, Gv, input_precision=PREC)
+            Gv = tl.dot(_lowp(P, KB.dtype.element_ty, EMU), vb, Gv, input_precision=PREC)
     return Gk, Gv
 
 
@@ -240,7 +287,8 @@ def _bwd_sweep(A, Bm, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d,
 def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                       G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr):
+                       G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+                       PREC: tl.constexpr, EMU: tl.constexpr):
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
     i0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * G
@@ -273,17 +321,17 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
         ka = _gather(KA, ja, ok, d, DH, DP)
-        A = (_gather(Q, i_r, ok, d, DH, DP) * qk_scale * ka).to(dt)
-        Bm = (_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP)).to(dt)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * ka, dt, EMU)
+        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
-        Gk, _unused = _bwd_sweep(A, Bm, lse2, delta, Gk, Gk, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, False, PREC)
-        Gk, _unused = _bwd_sweep(A, Bm, lse2, delta, Gk, Gk, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, False, PREC)
-        Gk, _unused = _bwd_sweep(A, Bm, lse2, delta, Gk, Gk, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, False, PREC)
+        Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
+        Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, False, SPLIT, PREC, EMU)
+        Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
         dq += tl.sum(tl.reshape(ka * Gk, (G, BA, DP)), 1)
 
     gi = i0 + tl.arange(0, G)
-    tl.store(DQ + gi[:, None] * DH + d[None, :], (dq * scale).to(dt),
+    tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
              mask=(gi < Tq)[:, None] & (d[None, :] < DH))
 
 
@@ -291,7 +339,8 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
 def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                       JA: tl.constexpr, BU: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr):
+                       JA: tl.constexpr, BU: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+                       PREC: tl.constexpr, EMU: tl.constexpr):
     R: tl.constexpr = JA * BU
     n = tl.program_id(1).to(tl.int64)
     ja0 = tl.program_id(0) * JA
@@ -338,31 +387,32 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
         lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
         q = _gather(Q, i_r, ok, d, DH, DP)
         do = _gather(DO, i_r, ok, d, DH, DP)
-        A = (q * qk_scale * ka).to(dt)
-        Bm = (do * va).to(dt)
+        A, A_lo = _split(q * qk_scale * ka, dt, EMU)
+        Bm, Bm_lo = _split(do * va, dt, EMU)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
         Gv = tl.zeros((R, DP), tl.float32)
-        Gk, Gv = _bwd_sweep(A, Bm, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, True, PREC)
-        Gk, Gv = _bwd_sweep(A, Bm, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, True, PREC)
-        Gk, Gv = _bwd_sweep(A, Bm, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, True, PREC)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, True, SPLIT, PREC, EMU)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
         dk += tl.sum(tl.reshape(q * Gk, (JA, BU, DP)), 1)
         dv += tl.sum(tl.reshape(do * Gv, (JA, BU, DP)), 1)
 
     jo = ja0 + tl.arange(0, JA)
     mask = (jo < Tk)[:, None] & (d[None, :] < DH)
-    tl.store(DKA + jo[:, None] * DH + d[None, :], (dk * scale).to(dt), mask=mask)
-    tl.store(DVA + jo[:, None] * DH + d[None, :], dv.to(dt), mask=mask)
+    tl.store(DKA + jo[:, None] * DH + d[None, :], _lowp(dk * scale, dt, EMU).to(dt), mask=mask)
+    tl.store(DVA + jo[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
 
 
 @triton.jit
 def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
                Tk, offset, Wa, Wb, qk_scale, d,
                CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-               G: tl.constexpr, BA: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+               G: tl.constexpr, BA: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
+               PREC: tl.constexpr, EMU: tl.constexpr):
     """Accumulate into the b-key block j the lane tiles of queries [i_start, i_end)."""
     R: tl.constexpr = G * BA
-    dt = kb.dtype
+    dt = KA.dtype.element_ty
     r = tl.arange(0, R)
     g_r = r // BA
     t_r = r % BA
@@ -378,17 +428,17 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
             tp = tb + t_r
             ja = p_r - tp
             ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-            A = (_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP)).to(dt)
-            Bm = (_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP)).to(dt)
+            A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
+            Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
             lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-            ST = tl.dot(kb, tl.trans(A), input_precision=PREC)         # (BB, R)
+            ST = _pair_dot_t(kb, A, A_lo, SPLIT, PREC)  # (BB, R)
             PT = tl.math.exp2(ST - lse2[None, :])
             if MASKED:
                 PT = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), PT, 0.0)
-            dPT = tl.dot(vb, tl.trans(Bm), input_precision=PREC)
+            dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT, PREC)
             dST = PT * (dPT - delta[None, :])
-            dk = tl.dot(dST.to(dt), A, dk, input_precision=PREC)
-            dv = tl.dot(PT.to(dt), Bm, dv, input_precision=PREC)
+            dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
+            dv = tl.dot(_lowp(PT, dt, EMU), Bm, dv, input_precision=PREC)
     return dk, dv
 
 
@@ -396,7 +446,8 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
 def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
                        Tq, Tk, offset, Wa, Wb, qk_scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                       G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr):
+                       G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+                       PREC: tl.constexpr, EMU: tl.constexpr):
     n = tl.program_id(1).to(tl.int64)
     c0 = tl.program_id(0) * BB
     Q += n * Tq * DH
@@ -413,8 +464,8 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
 
     d = tl.arange(0, DP)
     j = c0 + tl.arange(0, BB)
-    kb = _key_tile(KB, j, Tk, d, DH, DP, True)
-    vb = _key_tile(VB, j, Tk, d, DH, DP, True)
+    kb = _key_tile(KB, j, Tk, d, DH, DP, True, EMU)
+    vb = _key_tile(VB, j, Tk, d, DH, DP, True, EMU)
     # Keys j >= Tk own rows that are never stored, so they need no mask. Queries in
     # [mid_lo, mid_hi) see the whole block: p >= c_last and p - c0 < Wb.
     c_last = tl.minimum(c0 + BB, Tk) - 1
@@ -431,15 +482,15 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
     dk = tl.zeros((BB, DP), tl.float32)
     dv = tl.zeros((BB, DP), tl.float32)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_lo, mid_lo,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, PREC)
+                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_lo, mid_hi,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, False, PREC)
+                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, False, SPLIT, PREC, EMU)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_hi, i_hi,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, PREC)
+                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU)
     mask = (j < Tk)[:, None] & (d[None, :] < DH)
     # the lanes carry scale * log2(e): dkb = scale * dS^T @ (q * ka) = ln(2) * dS^T @ A
-    tl.store(DKB + j[:, None] * DH + d[None, :], (dk * 0.6931471805599453).to(dt), mask=mask)
-    tl.store(DVB + j[:, None] * DH + d[None, :], dv.to(dt), mask=mask)
+    tl.store(DKB + j[:, None] * DH + d[None, :], _lowp(dk * 0.6931471805599453, dt, EMU).to(dt), mask=mask)
+    tl.store(DVB + j[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
 
 
 # -----------------------------------------------------------------------------
@@ -466,6 +517,12 @@ def _lanes(span, rows, n_groups):
     groups = min(max(rows // per, 1), _pow2(n_groups))
     per = max(per, 16 // groups)
     return groups, per
+
+
+def _modes(dtype):
+    """(dot input precision, bf16 emulation) for the input dtype."""
+    emu = _INTERPRET and dtype == torch.bfloat16
+    return ('ieee' if dtype == torch.float32 or emu else 'tf32'), emu
 
 
 def _configs(Tq, Tk, dh, wa, wb):
@@ -516,11 +573,11 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     c = {**_configs(Tq, Tk, dh, wa, wb), **(config or {})}
+    prec, emu = _modes(q.dtype)
     _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), N)](
         q, ka, kb, va, vb, out, lse, Tq, Tk, offset, wa, wb, float(scale) * LOG2E,
         CAUSAL=bool(causal), DH=dh, DP=c['dp'], G=c['G'], BA=c['BA'], BB=c['BB'],
-        PREC='ieee' if q.dtype == torch.float32 else 'tf32',
-        num_warps=c['num_warps'], num_stages=c['num_stages'])
+        PREC=prec, EMU=emu, num_warps=c['num_warps'], num_stages=c['num_stages'])
     return out, lse
 
 
@@ -543,8 +600,9 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
     c = {**_configs(Tq, Tk, dh, wa, wb), **(config or {})}
+    prec, emu = _modes(q.dtype)
     common = dict(CAUSAL=bool(causal), DH=dh, DP=c['dp'],
-                  PREC='ieee' if q.dtype == torch.float32 else 'tf32',
+                  SPLIT=q.dtype != torch.float32, PREC=prec, EMU=emu,
                   num_warps=c['num_warps'], num_stages=c['num_stages'])
     qk_scale = float(scale) * LOG2E
     _ha3_bwd_dq_kernel[(triton.cdiv(Tq, c['G']), N)](
@@ -557,3 +615,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
         q, ka, kb, va, vb, dout, lse, delta, dkb, dvb, Tq, Tk, offset, wa, wb, qk_scale,
         G=c['G'], BA=c['BA'], BB=c['BBD'], **common)
     return dq, dk1, dk2, dv1, dv2
+
+
+# Decided when the kernels are decorated: TRITON_INTERPRET=1 at import runs them on CPU tensors.
+_INTERPRET = not isinstance(_ha3_fwd_kernel, triton.runtime.JITFunction)
