@@ -94,11 +94,14 @@ def prepare(kernel):
         load_triton()
 
 
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def backend(kernel, x, family, supported=True):
     """'triton' or 'torch': the kernel that computes `family` for inputs like x.
     `supported` is False for a case the Triton kernel does not cover (e.g. attention-weight
-    dropout, hfa_order > 4): then PyTorch."""
-    if kernel == 'torch' or not supported:
+    dropout, hfa_order > 4): then PyTorch, as for float64 inputs."""
+    if kernel == 'torch' or not supported or x.dtype not in TRITON_DTYPES:
         return 'torch'
     if kernel == 'triton':
         if family not in _modules:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the fast instruction
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e)): exp2 is the fast instruction
 INTERPRETED = bool(getattr(getattr(triton, 'knobs', None), 'runtime', None)
                    and triton.knobs.runtime.interpret)
 
@@ -90,13 +90,17 @@ def dot_precision(dtype):
 
 
 def block_sizes(kind, BD, A, dtype):
-    """(BM, BN, num_warps, num_stages). Small tiles in the interpreter (more block edges
-    tested, fewer wasted lanes); on a GPU, fewer rows when many fp32 tiles are live."""
+    """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd', 'hfa_bwd', 'linear_fwd', 'linear_bwd'
+    (linear: A = 1). Small tiles in the interpreter (more block edges tested). On a GPU, the
+    largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90, found
+    with tools/compile_check.py (which prints registers and stack per configuration)."""
     if INTERPRETED:
         return 16, 16, 1, 1
-    wide = dtype == torch.float32 or BD > 64 or A > 2
+    stages = 2 if BD > 64 else 3
+    if dtype == torch.float32:  # fp32 dots run on FMA units, not tensor cores: small tiles
+        return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
     if kind.endswith('fwd'):
-        BM, BN = (64, 32) if (wide and BD > 64) or A > 2 else (128, 64) if not wide else (64, 64)
-        return BM, BN, 4 if BM <= 64 else 8, 2 if BD > 64 else 3
-    BM, BN = (32, 32) if (BD > 64 and (A > 1 or dtype == torch.float32)) or A > 2 else (64, 64)
-    return BM, BN, 4, 2 if BD > 64 else 3
+        return (64, 32, 4, stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    if BD > 64:
+        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages)
+    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else (32, 32, 4, stages)

@@ -234,6 +234,9 @@ def _hfa_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq_a, sk_a, Tq, Tk, offset, w
 
 
 def _check(q, k, v):
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"inputs must share one dtype among float32, bfloat16, float16, not "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}; use kernel='torch' for others")
     A, N, Tq, D = q.shape
     if not 1 <= A <= 4:
         raise ValueError(f"the Triton HFA kernel takes 1 to 4 score factors, not {A}; use kernel='torch'")

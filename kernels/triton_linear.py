@@ -120,6 +120,9 @@ def _linear_bwd_dkdv(Q, K, V, DO, DK, DV, Tq, Tk, offset, window, scale, CAUSAL:
 
 
 def _shapes(q, k, v):
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"inputs must share one dtype among float32, bfloat16, float16, not "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}; use kernel='torch' for others")
     N, Tq, D = q.shape
     if k.shape != v.shape or k.shape[0] != N or k.size(-1) != D:
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")

@@ -262,6 +262,64 @@ def test_ha_low_precision_within_2x_of_sdpa(dtype, windows, shared):
 
 
 # -----------------------------------------------------------------------------
+# the model: kernel='triton' computes what kernel='torch' computes, and the dispatch
+
+MODEL_VARIANTS = {
+    'linear': dict(attention='linear'),
+    'linear_norm_window': dict(attention='linear', linear_norm=True, attn_window=5),
+    'sa_nosoftmax': dict(attention='sa', softmax=False),
+    'hfa_v1': dict(attention='hfa_v1'),
+    'hfa_v2_A3': dict(attention='hfa_v2', hfa_order=3),
+    'hfa_mixed_window': dict(attention='hfa_v1', n_head=4, n_hfa_head=2, head_dim=4, attn_window=4),
+    'ha': dict(attention='ha'),
+    'ha_shared_windows': dict(attention='ha', ha_share_kv=True, ha_window1=6, ha_window2=3),
+    'sa,ha': dict(attn_layers='sa,ha'),
+}
+
+
+def tiny_gpt(kernel, kw):
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=17), **kw, 'kernel': kernel})
+    return GPT(cfg).to(DEV, torch.float32)  # explicit: another test module sets a float64 default
+
+
+@pytest.mark.parametrize('name', list(MODEL_VARIANTS))
+def test_gpt_triton_equals_torch(name):
+    if 'ha' in MODEL_VARIANTS[name].get('attention', '') + MODEL_VARIANTS[name].get('attn_layers', '') and not has_ha:
+        pytest.skip('kernels/triton_ha.py is not in this checkout')
+    idx = torch.randint(0, 17, (2, 19), generator=torch.Generator().manual_seed(1)).to(DEV)
+    res = {}
+    for kernel in ('torch', 'triton'):
+        model = tiny_gpt(kernel, MODEL_VARIANTS[name])
+        logits, loss = model(idx, targets=idx)
+        loss.backward()
+        res[kernel] = [logits] + [p.grad for p in model.parameters()]
+    for a, b in zip(res['triton'], res['torch']):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dispatch_follows_the_flag():
+    x = torch.zeros(1, device=DEV)
+    assert kernels.backend('torch', x, 'hfa') == 'torch'
+    assert kernels.backend('triton', x, 'hfa') == 'triton'
+    assert kernels.backend('auto', x, 'hfa') == ('triton' if x.is_cuda else 'torch')  # auto: Triton on CUDA only
+    assert kernels.backend('triton', x, 'hfa', supported=False) == 'torch'
+    assert kernels.backend('triton', x.double(), 'hfa') == 'torch'  # float64: PyTorch only
+    model = tiny_gpt('triton', dict(attention='hfa_v1', dropout=0.1))
+    heads = model.transformer.h[0].attn.groups[0]
+    assert heads.backend(x, 'hfa') == 'torch'  # attention-weight dropout: only the PyTorch path has it
+    model.eval()
+    assert heads.backend(x, 'hfa') == 'triton'
+
+
+def test_kernel_flag_is_checked():
+    from model import GPTConfig
+    with pytest.raises(ValueError, match="'auto', 'triton', 'torch'|auto, triton, torch"):
+        GPTConfig(kernel='cuda')
+
+
+# -----------------------------------------------------------------------------
 # loading: the interpreter is switched on for triton's import only
 
 def test_interpreter_setting_does_not_leak():
