@@ -272,9 +272,10 @@ def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb,
         kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
         vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
         S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT, PREC)
-        P = tl.math.exp2(S - lse2[:, None])
+        S = S - lse2[:, None]
         if MASKED:
-            P = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], P, 0.0)
+            S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
+        P = tl.math.exp2(S)
         dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT, PREC)
         dS = P * (dP - delta[:, None])
         Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
@@ -432,9 +433,10 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
             Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
             lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
             ST = _pair_dot_t(kb, A, A_lo, SPLIT, PREC)  # (BB, R)
-            PT = tl.math.exp2(ST - lse2[None, :])
+            ST = ST - lse2[None, :]
             if MASKED:
-                PT = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), PT, 0.0)
+                ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
+            PT = tl.math.exp2(ST)
             dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT, PREC)
             dST = PT * (dPT - delta[None, :])
             dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
