@@ -321,15 +321,15 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        ka = _gather(KA, ja, ok, d, DH, DP)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * ka, dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
         Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
         Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
         Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, False, SPLIT, PREC, EMU)
         Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
-        dq += tl.sum(tl.reshape(ka * Gk, (G, BA, DP)), 1)
+        # re-read rather than hold ka through the sweeps (registers)
+        dq += tl.sum(tl.reshape(_gather(KA, ja, ok, d, DH, DP) * Gk, (G, BA, DP)), 1)
 
     gi = i0 + tl.arange(0, G)
     tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
@@ -369,8 +369,6 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
     else:
         u_lo = 0
         u_hi = Tq
-    ka = _gather(KA, ja_r, ja_r < Tk, d, DH, DP)
-    va = _gather(VA, ja_r, ja_r < Tk, d, DH, DP)
     dk = tl.zeros((JA, DP), tl.float32)
     dv = tl.zeros((JA, DP), tl.float32)
     for ub in range(u_lo, u_hi, BU):
@@ -386,18 +384,16 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
         ok = (ja_r < Tk) & (i_r >= 0) & (i_r < Tq) & (up < Wa)
         p_r = _pos(i_r, offset, Tk, CAUSAL)
         lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
-        q = _gather(Q, i_r, ok, d, DH, DP)
-        do = _gather(DO, i_r, ok, d, DH, DP)
-        A, A_lo = _split(q * qk_scale * ka, dt, EMU)
-        Bm, Bm_lo = _split(do * va, dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja_r, ok, d, DH, DP), dt, EMU)
+        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja_r, ok, d, DH, DP), dt, EMU)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
         Gv = tl.zeros((R, DP), tl.float32)
         Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
         Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, True, SPLIT, PREC, EMU)
         Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
-        dk += tl.sum(tl.reshape(q * Gk, (JA, BU, DP)), 1)
-        dv += tl.sum(tl.reshape(do * Gv, (JA, BU, DP)), 1)
+        dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
+        dv += tl.sum(tl.reshape(_gather(DO, i_r, ok, d, DH, DP) * Gv, (JA, BU, DP)), 1)
 
     jo = ja0 + tl.arange(0, JA)
     mask = (jo < Tk)[:, None] & (d[None, :] < DH)
@@ -527,17 +523,36 @@ def _modes(dtype):
     return ('ieee' if dtype == torch.float32 or emu else 'tf32'), emu
 
 
-def _configs(Tq, Tk, dh, wa, wb):
-    """Block sizes of the three kinds of kernel. Rows are 128 lanes (64 for dh > 128);
-    column blocks are 64 keys, fewer when the b span of a tile is shorter."""
+def _configs(Tq, Tk, dh, wa, wb, override=None):
+    """Per kernel: block sizes, warps and pipeline stages. Rows of 128 lanes at dh <= 64 (64
+    above), 8 warps from dh 64 on: with these ptxas reports no register spills on sm_90 at
+    dh 64; at dh 128 the backward kernels spill a few hundred bytes. `override` (tests): flat
+    keys G, BA (lane kernels), BB (their column blocks), JA, BU (slot-a kernel), BBD (the
+    slot-b kernel's key block), num_warps, num_stages, applied to every kernel they fit."""
     dp = max(16, _pow2(dh))
-    rows = 128 if dp <= 128 else 64
-    span_a = min(wa, Tk)
-    G, BA = _lanes(span_a, rows, Tq)
-    BB = max(16, min(64 if dp <= 128 else 32, _pow2(min(wb, Tk) + G - 1)))
-    JA, BU = _lanes(min(wa, Tq), rows, Tk)  # (a keys owned, lanes of queries per key)
-    warps = 4 if rows * dp <= 128 * 64 else 8
-    return dict(dp=dp, G=G, BA=BA, BB=BB, JA=JA, BU=BU, BBD=BB, num_warps=warps, num_stages=2)
+    span_b = min(wb, Tk)
+
+    def cols(bb, spread):  # no wider than the b keys one tile can see
+        return max(16, min(bb, _pow2(span_b + spread)))
+
+    def by_query(rows, bb, warps):
+        G, BA = _lanes(min(wa, Tk), rows, Tq)
+        return dict(G=G, BA=BA, BB=cols(bb, G), num_warps=warps, num_stages=2)
+
+    fwd = by_query(128 if dp <= 64 else 64, 64 if dp <= 128 else 32, 4 if dp <= 32 else 8)
+    dq = dict(fwd)
+    JA, BU = _lanes(min(wa, Tq), 128 if dp <= 32 else 64, Tk)  # a keys owned, queries per key
+    da = dict(JA=JA, BU=BU, BB=cols(64 if dp <= 64 else 32, JA + BU),
+              num_warps=4 if dp <= 16 else 8, num_stages=2)
+    db = by_query(128 if dp <= 32 else 64, 64, 4 if dp <= 16 else 8)
+    db['BB'] = max(16, min(64 if dp <= 128 else 32, _pow2(Tk)))
+    o = override or {}
+    for c in (fwd, dq, da):
+        c.update({k: o[k] for k in ('G', 'BA', 'BB', 'JA', 'BU', 'num_warps', 'num_stages') if k in o and k in c})
+    db.update({k: o[k] for k in ('G', 'BA', 'num_warps', 'num_stages') if k in o})
+    if 'BBD' in o:
+        db['BB'] = o['BBD']
+    return dp, fwd, dq, da, db
 
 
 def _check(q, ks_vs, what):
@@ -574,12 +589,11 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
         return out.zero_(), lse.fill_(float('-inf'))
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
-    c = {**_configs(Tq, Tk, dh, wa, wb), **(config or {})}
+    dp, c, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config)
     prec, emu = _modes(q.dtype)
     _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), N)](
         q, ka, kb, va, vb, out, lse, Tq, Tk, offset, wa, wb, float(scale) * LOG2E,
-        CAUSAL=bool(causal), DH=dh, DP=c['dp'], G=c['G'], BA=c['BA'], BB=c['BB'],
-        PREC=prec, EMU=emu, num_warps=c['num_warps'], num_stages=c['num_stages'])
+        CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, **c)
     return out, lse
 
 
@@ -601,21 +615,19 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
-    c = {**_configs(Tq, Tk, dh, wa, wb), **(config or {})}
+    dp, _, cq, ca, cb = _configs(Tq, Tk, dh, wa, wb, config)
     prec, emu = _modes(q.dtype)
-    common = dict(CAUSAL=bool(causal), DH=dh, DP=c['dp'],
-                  SPLIT=q.dtype != torch.float32, PREC=prec, EMU=emu,
-                  num_warps=c['num_warps'], num_stages=c['num_stages'])
+    common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=q.dtype != torch.float32, PREC=prec, EMU=emu)
     qk_scale = float(scale) * LOG2E
-    _ha3_bwd_dq_kernel[(triton.cdiv(Tq, c['G']), N)](
+    _ha3_bwd_dq_kernel[(triton.cdiv(Tq, cq['G']), N)](
         q, ka, kb, va, vb, dout, lse, delta, dq, Tq, Tk, offset, wa, wb, qk_scale, float(scale),
-        G=c['G'], BA=c['BA'], BB=c['BB'], **common)
-    _ha3_bwd_da_kernel[(triton.cdiv(Tk, c['JA']), N)](
+        **common, **cq)
+    _ha3_bwd_da_kernel[(triton.cdiv(Tk, ca['JA']), N)](
         q, ka, kb, va, vb, dout, lse, delta, dka, dva, Tq, Tk, offset, wa, wb, qk_scale, float(scale),
-        JA=c['JA'], BU=c['BU'], BB=c['BB'], **common)
-    _ha3_bwd_db_kernel[(triton.cdiv(Tk, c['BBD']), N)](
+        **common, **ca)
+    _ha3_bwd_db_kernel[(triton.cdiv(Tk, cb['BB']), N)](
         q, ka, kb, va, vb, dout, lse, delta, dkb, dvb, Tq, Tk, offset, wa, wb, qk_scale,
-        G=c['G'], BA=c['BA'], BB=c['BBD'], **common)
+        **common, **cb)
     return dq, dk1, dk2, dv1, dv2
 
 
