@@ -35,7 +35,13 @@ D_i = dO_i . out_i (precomputed, O(T)):
   _ha3_bwd_db_kernel   blocks of b keys (columns), loop over the lane tiles that see them:
                        dkb = scale dS^T @ (q * ka),  dvb = P^T @ (dO * va).
 Statistics, accumulators and gradient sums are float32 whatever the input dtype; matmul
-inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32).
+inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane row is a
+product of two inputs, which the input dtype rounds to half its digits; the backward
+therefore feeds it to the logit and dP matmuls as hi + lo (two matmuls), which keeps bf16
+gradients within ~1.5x of bf16 SDPA's error.
+
+Matmuls per (lane tile x column block), for FLOP accounting: forward 2; backward 5 (dq),
+6 (slot a), 6 (slot b) with the split, 3, 4, 4 without it.
 """
 
 import math
@@ -272,9 +278,10 @@ def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb,
         kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
         vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
         S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT, PREC)
-        P = tl.math.exp2(S - lse2[:, None])
+        S = S - lse2[:, None]
         if MASKED:
-            P = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], P, 0.0)
+            S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
+        P = tl.math.exp2(S)
         dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT, PREC)
         dS = P * (dP - delta[:, None])
         Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
@@ -320,15 +327,15 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        ka = _gather(KA, ja, ok, d, DH, DP)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * ka, dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
         Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
         Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
         Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, False, SPLIT, PREC, EMU)
         Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
-        dq += tl.sum(tl.reshape(ka * Gk, (G, BA, DP)), 1)
+        # re-read rather than hold ka through the sweeps (registers)
+        dq += tl.sum(tl.reshape(_gather(KA, ja, ok, d, DH, DP) * Gk, (G, BA, DP)), 1)
 
     gi = i0 + tl.arange(0, G)
     tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
@@ -368,8 +375,6 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
     else:
         u_lo = 0
         u_hi = Tq
-    ka = _gather(KA, ja_r, ja_r < Tk, d, DH, DP)
-    va = _gather(VA, ja_r, ja_r < Tk, d, DH, DP)
     dk = tl.zeros((JA, DP), tl.float32)
     dv = tl.zeros((JA, DP), tl.float32)
     for ub in range(u_lo, u_hi, BU):
@@ -385,18 +390,16 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
         ok = (ja_r < Tk) & (i_r >= 0) & (i_r < Tq) & (up < Wa)
         p_r = _pos(i_r, offset, Tk, CAUSAL)
         lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
-        q = _gather(Q, i_r, ok, d, DH, DP)
-        do = _gather(DO, i_r, ok, d, DH, DP)
-        A, A_lo = _split(q * qk_scale * ka, dt, EMU)
-        Bm, Bm_lo = _split(do * va, dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja_r, ok, d, DH, DP), dt, EMU)
+        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja_r, ok, d, DH, DP), dt, EMU)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
         Gv = tl.zeros((R, DP), tl.float32)
         Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
         Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, True, SPLIT, PREC, EMU)
         Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
-        dk += tl.sum(tl.reshape(q * Gk, (JA, BU, DP)), 1)
-        dv += tl.sum(tl.reshape(do * Gv, (JA, BU, DP)), 1)
+        dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
+        dv += tl.sum(tl.reshape(_gather(DO, i_r, ok, d, DH, DP) * Gv, (JA, BU, DP)), 1)
 
     jo = ja0 + tl.arange(0, JA)
     mask = (jo < Tk)[:, None] & (d[None, :] < DH)
@@ -432,9 +435,10 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
             Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
             lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
             ST = _pair_dot_t(kb, A, A_lo, SPLIT, PREC)  # (BB, R)
-            PT = tl.math.exp2(ST - lse2[None, :])
+            ST = ST - lse2[None, :]
             if MASKED:
-                PT = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), PT, 0.0)
+                ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
+            PT = tl.math.exp2(ST)
             dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT, PREC)
             dST = PT * (dPT - delta[None, :])
             dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
@@ -525,17 +529,41 @@ def _modes(dtype):
     return ('ieee' if dtype == torch.float32 or emu else 'tf32'), emu
 
 
-def _configs(Tq, Tk, dh, wa, wb):
-    """Block sizes of the three kinds of kernel. Rows are 128 lanes (64 for dh > 128);
-    column blocks are 64 keys, fewer when the b span of a tile is shorter."""
+def _configs(Tq, Tk, dh, wa, wb, override=None):
+    """Per kernel: block sizes, warps and pipeline stages. Rows of 128 lanes at dh <= 64 (64
+    above), 8 warps from dh 64 on: with these ptxas reports no register spills on sm_90 at
+    dh 64; at dh 128 the backward kernels spill a few hundred bytes. `override` (tests): flat
+    keys G, BA (lane kernels), BB (their column blocks), JA, BU (slot-a kernel), BBD (the
+    slot-b kernel's key block), num_warps, num_stages, applied to every kernel they fit."""
     dp = max(16, _pow2(dh))
-    rows = 128 if dp <= 128 else 64
-    span_a = min(wa, Tk)
-    G, BA = _lanes(span_a, rows, Tq)
-    BB = max(16, min(64 if dp <= 128 else 32, _pow2(min(wb, Tk) + G - 1)))
-    JA, BU = _lanes(min(wa, Tq), rows, Tk)  # (a keys owned, lanes of queries per key)
-    warps = 4 if rows * dp <= 128 * 64 else 8
-    return dict(dp=dp, G=G, BA=BA, BB=BB, JA=JA, BU=BU, BBD=BB, num_warps=warps, num_stages=2)
+    span_b = min(wb, Tk)
+
+    def cols(bb, spread):  # no wider than the b keys one tile can see
+        return max(16, min(bb, _pow2(span_b + spread)))
+
+    def by_query(rows, bb, warps):
+        G, BA = _lanes(min(wa, Tk), rows, Tq)
+        return dict(G=G, BA=BA, BB=cols(bb, G), num_warps=warps, num_stages=2)
+
+    fwd = by_query(128 if dp <= 64 else 64, 64 if dp <= 128 else 32, 4 if dp <= 32 else 8)
+    dq = dict(fwd)
+    JA, BU = _lanes(min(wa, Tq), 128 if dp <= 32 else 64, Tk)  # a keys owned, queries per key
+    da = dict(JA=JA, BU=BU, BB=cols(64 if dp <= 64 else 32, JA + BU),
+              num_warps=4 if dp <= 16 else 8, num_stages=2)
+    db = by_query(128 if dp <= 32 else 64, 64, 4 if dp <= 16 else 8)
+    db['BB'] = max(16, min(64 if dp <= 128 else 32, _pow2(Tk)))
+    o = override or {}
+    for c in (fwd, dq, da):
+        c.update({k: o[k] for k in ('G', 'BA', 'BB', 'JA', 'BU', 'num_warps', 'num_stages') if k in o and k in c})
+    db.update({k: o[k] for k in ('G', 'BA', 'num_warps', 'num_stages') if k in o})
+    if 'BBD' in o:
+        db['BB'] = o['BBD']
+    return dp, fwd, dq, da, db
+
+
+def _head_chunks(N, most=65535):
+    """Slices of at most `most` heads: the grid's second axis is limited to 65535 on CUDA."""
+    return [slice(n, min(n + most, N)) for n in range(0, N, most)]
 
 
 def _check(q, ks_vs, what):
@@ -572,20 +600,22 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
         return out.zero_(), lse.fill_(float('-inf'))
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
-    c = {**_configs(Tq, Tk, dh, wa, wb), **(config or {})}
+    dp, c, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config)
     prec, emu = _modes(q.dtype)
-    _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), N)](
-        q, ka, kb, va, vb, out, lse, Tq, Tk, offset, wa, wb, float(scale) * LOG2E,
-        CAUSAL=bool(causal), DH=dh, DP=c['dp'], G=c['G'], BA=c['BA'], BB=c['BB'],
-        PREC=prec, EMU=emu, num_warps=c['num_warps'], num_stages=c['num_stages'])
+    for h in _head_chunks(N):
+        _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), h.stop - h.start)](
+            q[h], ka[h], kb[h], va[h], vb[h], out[h], lse[h], Tq, Tk, offset, wa, wb, float(scale) * LOG2E,
+            CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, **c)
     return out, lse
 
 
 def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale,
-                 *, config=None):
+                 *, split_products=True, config=None):
     """Gradients (dq, dk1, dk2, dv1, dv2), in the input dtype, of <dout, out> for the
     forward above, from its out and lse. Deterministic: no atomics; every gradient row is
-    summed by one program in a fixed order."""
+    summed by one program in a fixed order. split_products (bf16/fp16 inputs): the lane
+    products q*ka and dO*va enter the logit and dP matmuls as hi + lo, two matmuls each,
+    which keeps bf16 gradients within ~1.5x of bf16 SDPA's error (~2x without)."""
     _check(q, (k1, k2, v1, v2), "ha3_backward")
     q, k1, k2, v1, v2, out, dout = (t.contiguous() for t in (q, k1, k2, v1, v2, out, dout))
     lse = lse.contiguous().float()
@@ -599,21 +629,18 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
-    c = {**_configs(Tq, Tk, dh, wa, wb), **(config or {})}
+    dp, _, cq, ca, cb = _configs(Tq, Tk, dh, wa, wb, config)
     prec, emu = _modes(q.dtype)
-    common = dict(CAUSAL=bool(causal), DH=dh, DP=c['dp'],
-                  SPLIT=q.dtype != torch.float32, PREC=prec, EMU=emu,
-                  num_warps=c['num_warps'], num_stages=c['num_stages'])
+    common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split_products and q.dtype != torch.float32, PREC=prec, EMU=emu)
     qk_scale = float(scale) * LOG2E
-    _ha3_bwd_dq_kernel[(triton.cdiv(Tq, c['G']), N)](
-        q, ka, kb, va, vb, dout, lse, delta, dq, Tq, Tk, offset, wa, wb, qk_scale, float(scale),
-        G=c['G'], BA=c['BA'], BB=c['BB'], **common)
-    _ha3_bwd_da_kernel[(triton.cdiv(Tk, c['JA']), N)](
-        q, ka, kb, va, vb, dout, lse, delta, dka, dva, Tq, Tk, offset, wa, wb, qk_scale, float(scale),
-        JA=c['JA'], BU=c['BU'], BB=c['BB'], **common)
-    _ha3_bwd_db_kernel[(triton.cdiv(Tk, c['BBD']), N)](
-        q, ka, kb, va, vb, dout, lse, delta, dkb, dvb, Tq, Tk, offset, wa, wb, qk_scale,
-        G=c['G'], BA=c['BA'], BB=c['BBD'], **common)
+    for h in _head_chunks(N):
+        ins = (q[h], ka[h], kb[h], va[h], vb[h], dout[h], lse[h], delta[h])
+        _ha3_bwd_dq_kernel[(triton.cdiv(Tq, cq['G']), h.stop - h.start)](
+            *ins, dq[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), **common, **cq)
+        _ha3_bwd_da_kernel[(triton.cdiv(Tk, ca['JA']), h.stop - h.start)](
+            *ins, dka[h], dva[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), **common, **ca)
+        _ha3_bwd_db_kernel[(triton.cdiv(Tk, cb['BB']), h.stop - h.start)](
+            *ins, dkb[h], dvb[h], Tq, Tk, offset, wa, wb, qk_scale, **common, **cb)
     return dq, dk1, dk2, dv1, dv2
 
 
