@@ -74,6 +74,7 @@ ha_share_kv = False
 ha_window1 = 0
 ha_window2 = 0
 attn_window = 0                 # sliding window of sa, linear and hfa heads (0: full causal)
+kernel = 'auto'                 # auto | triton | torch: who computes linear, hfa, ha (kernels/)
 # adamw optimizer
 learning_rate = 6e-4
 max_iters = 600000
@@ -214,7 +215,7 @@ if init_from == 'resume':
                         f"(vocab {ckpt['model_args']['vocab_size']}) but {data_path} uses {meta.get('tokenizer')!r} "
                         f"(vocab {meta['vocab_size']}{', other characters' * (ckpt['model_args']['vocab_size'] == meta['vocab_size'])}); "
                         f"use the dataset the checkpoint was trained on")
-    model_args = ckpt['model_args']  # the architecture is the checkpoint's
+    model_args = {**ckpt['model_args'], 'kernel': kernel}  # the architecture is the checkpoint's; the kernel this run's
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
 try:
     gptconf = GPTConfig(**model_args)

@@ -333,6 +333,28 @@ def test_interpreter_setting_does_not_leak():
 
 
 # -----------------------------------------------------------------------------
+# bench.py's kernel rows (here at a toy size; on CUDA: tools/gpu_check.sh)
+
+def test_bench_kernel_rows_records():
+    import argparse
+    import bench
+    p = argparse.ArgumentParser()
+    bench.add_kernel_args(p)
+    args = p.parse_args(['--kernels_only', '--kernel_seq_lens', '16', '--kernel_head_dims', '16', '--kernel_batch', '1',
+                         '--kernel_heads', '2', '--kernel_dtype', 'fp32', '--kernel_list', 'sdpa,linear,hfa_A2,ha_win',
+                         '--kernel_min_time', '0', '--kernel_min_iters', '1'])
+    args.device = DEV
+    assert bench.parse_kernel_args(args)
+    records = bench.kernel_rows(args)
+    assert not [r for r in records if r.get('error')]
+    assert {(r['variant'], r['mode']) for r in records} == {
+        (v, m) for v in ('sdpa', 'linear', 'hfa_A2', 'ha_win') for m in ('kernel_fwd', 'kernel_bwd', 'kernel_fwd_bwd')}
+    for r in records:
+        assert r['seconds'] > 0 and r['flops'] > 0 and r['frac_of_peak'] > 0 and r['time_vs_sdpa'] > 0
+        assert r['flops'] == pytest.approx(r['tflops_per_s'] * 1e12 * r['seconds'])
+
+
+# -----------------------------------------------------------------------------
 # CUDA only: realistic sizes in bf16, compiled kernels
 
 @cuda

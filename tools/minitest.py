@@ -97,10 +97,44 @@ class MonkeyPatch:
                 os.environ[name] = old
 
 
+def importorskip(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise Skipped(f'{name} not importable: {e}')
+
+
 def install_fake_pytest():
     m = types.ModuleType('pytest')
     m.mark, m.fixture, m.skip, m.raises, m.approx = MarkFactory(), fixture, skip, raises, approx
+    m.importorskip = importorskip
     sys.modules['pytest'] = m
+
+
+class Fixtures:
+    """Resolves fixtures by parameter name: tmp_path, monkeypatch and the module's own
+    (scope 'module' kept until the module's tests end, else one per test; generators are
+    run to their yield and finished afterwards)."""
+
+    def __init__(self, module_fixtures):
+        self.defs, self.module_cache, self.module_gens = module_fixtures, {}, []
+
+    def call(self, name, test_gens):
+        f = self.defs[name]
+        if f._fixture['scope'] == 'module' and name in self.module_cache:
+            return self.module_cache[name]
+        r = f()
+        if inspect.isgenerator(r):
+            gen, r = r, next(r)
+            (self.module_gens if f._fixture['scope'] == 'module' else test_gens).append(gen)
+        if f._fixture['scope'] == 'module':
+            self.module_cache[name] = r
+        return r
+
+    def close(self):
+        for g in reversed(self.module_gens):
+            with contextlib.suppress(StopIteration):
+                next(g)
 
 
 def expand(fn):
@@ -133,10 +167,26 @@ def skip_reason(fn, module):
 
 
 def run_module(path, results):
-    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # child processes import it by name
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    fixtures = {n: f for n, f in vars(mod).items() if callable(f) and hasattr(f, '_fixture')}
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Skipped as e:
+        results.append(dict(test=os.path.basename(path), status='skipped', seconds=0, detail=str(e)))
+        print(f"SKIPPED  {os.path.basename(path)} ({e})", flush=True)
+        return
+    defs = {n: f for n, f in vars(mod).items() if callable(f) and hasattr(f, '_fixture')}
+    fixtures = Fixtures(defs)
+    try:
+        run_tests(path, mod, defs, fixtures, results)
+    finally:
+        fixtures.close()
+
+
+def run_tests(path, mod, defs, fixtures, results):
     for name, fn in list(vars(mod).items()):
         if not name.startswith('test_') or not callable(fn):
             continue
@@ -149,13 +199,13 @@ def run_module(path, results):
             try:
                 if reason:
                     raise Skipped(reason)
-                for fname, f in fixtures.items():
+                for fname, f in defs.items():
                     if f._fixture['autouse']:
-                        r = f()
-                        if inspect.isgenerator(r):
-                            next(r)
-                            gens.append(r)
+                        fixtures.call(fname, gens)
                 params = inspect.signature(fn).parameters
+                for pname in params:
+                    if pname in defs and pname not in kw:
+                        kw[pname] = fixtures.call(pname, gens)
                 if 'tmp_path' in params:
                     tmp = tempfile.TemporaryDirectory()
                     from pathlib import Path
