@@ -62,8 +62,8 @@ def _score(q, k_ptr, sk, a: tl.constexpr, rn, rd, Tk, D: tl.constexpr, UP: tl.co
 def _hfa_fwd(Q, K, V, O, O32, LSE, sq_a, sk_a, Tq, Tk, offset, window, scale,
              A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr, KEEP32: tl.constexpr):
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    pid_m = tl.program_id(1)
+    n = tl.program_id(0).to(tl.int64)  # heads on axis 0: up to 2^31 - 1
     q_ptr, k_ptr = Q + n * Tq * D, K + n * Tk * D
     rm = pid_m * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
@@ -151,8 +151,8 @@ def _factor_grad(ds, t1, t2, t3, t4, a: tl.constexpr, A: tl.constexpr):
 def _hfa_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sq_a, sk_a, Tq, Tk, offset, window, scale,
                 A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    pid_m = tl.program_id(1)
+    n = tl.program_id(0).to(tl.int64)  # heads on axis 0: up to 2^31 - 1
     q_ptr, k_ptr, v_ptr, do_ptr = Q + n * Tq * D, K + n * Tk * D, V + n * Tk * D, DO + n * Tq * D
     rm = pid_m * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
@@ -193,8 +193,8 @@ def _hfa_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sq_a, sk_a, Tq, Tk, offset, window,
 def _hfa_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq_a, sk_a, Tq, Tk, offset, window, scale,
                   A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
-    pid_n = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    pid_n = tl.program_id(1)
+    n = tl.program_id(0).to(tl.int64)  # heads on axis 0: up to 2^31 - 1
     q_ptr, k_ptr, v_ptr, do_ptr = Q + n * Tq * D, K + n * Tk * D, V + n * Tk * D, DO + n * Tq * D
     rn = pid_n * BN + tl.arange(0, BN)
     rd = tl.arange(0, BD)
@@ -260,7 +260,7 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
         return out, lse, out32
     BD = head_block(D)
     BM, BN, warps, stages = block_sizes('hfa_fwd', BD, A, q.dtype)
-    grid = (triton.cdiv(Tq, BM), N)
+    grid = (N, triton.cdiv(Tq, BM))
     _hfa_fwd[grid](q, k, v, out, out32 if keep else out, lse, N * Tq * D, N * Tk * D, Tq, Tk, offset, window if causal else 0, scale,
                    A=A, CAUSAL=causal, D=D, BD=BD, BM=BM, BN=BN, UP=upcast_dots(q.dtype),
                    PREC=dot_precision(q.dtype), KEEP32=keep, num_warps=warps, num_stages=stages)
@@ -280,10 +280,10 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     common = dict(A=A, CAUSAL=causal, D=D, BD=BD, UP=upcast_dots(q.dtype), PREC=dot_precision(q.dtype))
     win = window if causal else 0
     BM, BN, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype)
-    _hfa_bwd_dq[(triton.cdiv(Tq, BM), N)](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
+    _hfa_bwd_dq[(N, triton.cdiv(Tq, BM))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
                                           offset, win, scale, BM=BM, BN=BN, num_warps=warps,
                                           num_stages=stages, **common)
-    _hfa_bwd_dkdv[(triton.cdiv(Tk, BN), N)](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
+    _hfa_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
                                             offset, win, scale, BM=BM, BN=BN, num_warps=warps,
                                             num_stages=stages, **common)
     return dq, dk, dv

@@ -35,8 +35,8 @@ def _count(pos, Tk, window, CAUSAL: tl.constexpr):
 def _linear_fwd(Q, K, V, O, Tq, Tk, offset, window, scale, CAUSAL: tl.constexpr, NORM: tl.constexpr,
                 D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 UP: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    pid_m = tl.program_id(1)
+    n = tl.program_id(0).to(tl.int64)  # heads on axis 0: up to 2^31 - 1
     rm = pid_m * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
     pos = offset + rm
@@ -71,8 +71,8 @@ def _load_g(DO, n, rm, rd, pos, Tq, Tk, window, CAUSAL: tl.constexpr, NORM: tl.c
 def _linear_bwd_dq(K, V, DO, DQ, Tq, Tk, offset, window, scale, CAUSAL: tl.constexpr, NORM: tl.constexpr,
                    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    UP: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    pid_m = tl.program_id(1)
+    n = tl.program_id(0).to(tl.int64)  # heads on axis 0: up to 2^31 - 1
     rm = pid_m * BM + tl.arange(0, BM)
     rd = tl.arange(0, BD)
     pos = offset + rm
@@ -94,8 +94,8 @@ def _linear_bwd_dq(K, V, DO, DQ, Tq, Tk, offset, window, scale, CAUSAL: tl.const
 def _linear_bwd_dkdv(Q, K, V, DO, DK, DV, Tq, Tk, offset, window, scale, CAUSAL: tl.constexpr,
                      NORM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
-    pid_n = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
+    pid_n = tl.program_id(1)
+    n = tl.program_id(0).to(tl.int64)  # heads on axis 0: up to 2^31 - 1
     rn = pid_n * BN + tl.arange(0, BN)
     rd = tl.arange(0, BD)
     km = (rn[:, None] < Tk) & (rd[None, :] < D)
@@ -142,7 +142,7 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
         return out
     BD, meta = _meta(q, causal, norm, D)
     BM, BN, warps, stages = block_sizes('linear_fwd', BD, 1, q.dtype)
-    _linear_fwd[(triton.cdiv(Tq, BM), N)](q, k, v, out, Tq, Tk, offset, window if causal else 0, scale,
+    _linear_fwd[(N, triton.cdiv(Tq, BM))](q, k, v, out, Tq, Tk, offset, window if causal else 0, scale,
                                           BM=BM, BN=BN, num_warps=warps, num_stages=stages, **meta)
     return out
 
@@ -157,8 +157,8 @@ def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     BD, meta = _meta(q, causal, norm, D)
     BM, BN, warps, stages = block_sizes('linear_bwd', BD, 1, q.dtype)
     win = window if causal else 0
-    _linear_bwd_dq[(triton.cdiv(Tq, BM), N)](k, v, dout, dq, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
+    _linear_bwd_dq[(N, triton.cdiv(Tq, BM))](k, v, dout, dq, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
                                              num_warps=warps, num_stages=stages, **meta)
-    _linear_bwd_dkdv[(triton.cdiv(Tk, BN), N)](q, k, v, dout, dk, dv, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
+    _linear_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, dk, dv, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
                                                num_warps=warps, num_stages=stages, **meta)
     return dq, dk, dv
