@@ -173,7 +173,8 @@ class LinearHeads(Heads):
     """Linear self-attention [IA Eq. 1]: the softmax removed, nothing else,
         head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
     Our choice: with linear_norm=True the sum is divided by the number of visible keys
-    (i + 1, or the window), which keeps activations O(1) for long contexts; off by default."""
+    (i + 1, or the window), which keeps activations O(1) for long contexts; off by default.
+    With the Triton kernel (kernels/triton_linear.py) no T x T matrix is formed."""
 
     def mix(self, q, k, v, offset):
         q, k, v = q[0], k[0], v[0]
@@ -199,7 +200,9 @@ class HFAHeads(Heads):
 
     Fast path: (Q1 K1^T) * (Q2 K2^T) = (Q1 (x) Q2)(K1 (x) K2)^T with (x) the row-wise
     Kronecker product, so HFA is exactly SDPA on lifted queries/keys of width dh^A:
-    memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto')."""
+    memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto').
+    The Triton kernel (kernels/triton_hfa.py, softmax, A <= 4) multiplies the A score tiles
+    inside one flash-attention loop instead: no T x T tensor at any dh."""
     kron_max_width = 256
 
     def __init__(self, cfg, n_heads, values_product):

@@ -300,7 +300,7 @@ def test_gpt_triton_equals_torch(name):
 
 
 def test_dispatch_follows_the_flag():
-    x = torch.zeros(1, device=DEV)
+    x = torch.zeros(1, device=DEV, dtype=torch.float32)
     assert kernels.backend('torch', x, 'hfa') == 'torch'
     assert kernels.backend('triton', x, 'hfa') == 'triton'
     assert kernels.backend('auto', x, 'hfa') == ('triton' if x.is_cuda else 'torch')  # auto: Triton on CUDA only

@@ -4,11 +4,22 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 
-from experiments import random_features as rf
+_dtype = torch.get_default_dtype()
+from experiments import random_features as rf  # noqa: E402  (sets float64 as the default dtype)
 
-torch.set_default_dtype(torch.float64)
+torch.set_default_dtype(_dtype)  # ...which must not reach the other test modules
+
+
+@pytest.fixture(autouse=True, scope='module')
+def float64_default():
+    """The experiment runs in float64; only this module's tests see that default."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def _inputs(n=5, N=3, d=3, seed=0):
