@@ -24,10 +24,12 @@ def _hook(kind, value, tb, _default=sys.excepthook):
         if os.environ.get('RANK', '0') == '0':
             print(f"error: {value}", file=sys.__stderr__, flush=True)
         error_file = os.environ.get('TORCHELASTIC_ERROR_FILE')
-        if error_file:  # torchelastic's format: a plain message and its time
+        if error_file:  # torchelastic's format; the report shows py_callstack: our one line
+            line = f"error: {value}"
             try:
                 with open(error_file, 'w') as f:
-                    json.dump({'message': f"error: {value}", 'timestamp': int(time.time())}, f)
+                    json.dump({'message': {'message': line, 'extraInfo': {
+                        'py_callstack': line, 'timestamp': str(int(time.time()))}}}, f)
             except OSError:
                 pass
         sys.exit(2)  # inside the hook, so the interpreter exits with 2 instead of 1

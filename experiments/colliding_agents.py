@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from experiments.common import Timer, save_results, savefig, seed_all, plt
+from experiments.common import Timer, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # data
@@ -265,29 +265,28 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.N, args.R, args.L, args.B, args.B_test, args.steps = 24, 1, 6, 600, 200, 60
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    with torch_threads(args.threads):
 
-    gen = seed_all(args.seed)
-    data = make_data(args.B, args.L, args.N, args.R, gen)
-    lengths = [int(x) for x in args.test_lengths.split(",")]
-    tests = {L: make_data(args.B_test, L, args.N, args.R, gen) for L in lengths}
-    results = {"config": vars(args).copy(),
-               "optimiser": (f"full-batch L-BFGS (strong Wolfe, history 50), {args.steps} iterations, float64"
-                             if args.optim == "lbfgs" else
-                             f"full-batch Adam lr {args.lr}, cosine decay, {args.steps} steps, float64"),
-               "target_var": data[1].var().item(), "runs": []}
-    for kind in args.embeddings.split(","):
-        for init in args.inits.split(","):
-            model, res = run_one(args, kind, init, gen, data, tests)
-            results["runs"].append(res)
-            print(f"{kind:10s} {init:6s} train {res['train_mse']:.2e} "
-                  f"test {' '.join(f'L{L}:{v:.1e}' for L, v in res['test_mse'].items())} "
-                  f"equiv {res['equivalence_msd']:.2e} ({res['train_seconds']} s)", flush=True)
-            if init == "theory":
-                savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
-            save_results(args.out, results)  # after every run: long jobs keep partial results
-    return results
+        gen = seed_all(args.seed)
+        data = make_data(args.B, args.L, args.N, args.R, gen)
+        lengths = [int(x) for x in args.test_lengths.split(",")]
+        tests = {L: make_data(args.B_test, L, args.N, args.R, gen) for L in lengths}
+        results = {"config": vars(args).copy(),
+                   "optimiser": (f"full-batch L-BFGS (strong Wolfe, history 50), {args.steps} iterations, float64"
+                                 if args.optim == "lbfgs" else
+                                 f"full-batch Adam lr {args.lr}, cosine decay, {args.steps} steps, float64"),
+                   "target_var": data[1].var().item(), "runs": []}
+        for kind in args.embeddings.split(","):
+            for init in args.inits.split(","):
+                model, res = run_one(args, kind, init, gen, data, tests)
+                results["runs"].append(res)
+                print(f"{kind:10s} {init:6s} train {res['train_mse']:.2e} "
+                      f"test {' '.join(f'L{L}:{v:.1e}' for L, v in res['test_mse'].items())} "
+                      f"equiv {res['equivalence_msd']:.2e} ({res['train_seconds']} s)", flush=True)
+                if init == "theory":
+                    savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
+                save_results(args.out, results)  # after every run: long jobs keep partial results
+        return results
 
 
 if __name__ == "__main__":

@@ -137,13 +137,23 @@ def test_theory_limits_quick(tmp_path):
 
 
 def test_beyond_pairwise_quick(tmp_path):
+    """Each task's winner, per seed, at equal attention parameters (quick run: 200 Adam steps).
+    Measured: coupled features SA 0.76 / 0.45 vs HFA 0.005 / 0.019; three-way SA 0.23 / 0.26,
+    HFA 0.24 / 0.26, HA 0.001 / 0.002 (test MSE / Var(y))."""
     r = beyond_pairwise.main(["--quick", "--out", str(tmp_path)])
     assert load(tmp_path)["three_way"].keys() == {"linear", "hfa_v1", "ha"}
     for task in ("coupled_features", "three_way"):
         params = {k: v["attn_params"] for k, v in r[task].items()}
         assert len(set(params.values())) == 1, params  # equal parameters across variants
         for v in r[task].values():
-            assert v["test_rel_mse"]["mean"] >= 0 and len(v["test_rel_mse"]["values"]) == 2
+            assert len(v["test_rel_mse"]["values"]) == 2
+    err = {task: {k: v["test_rel_mse"]["values"] for k, v in r[task].items()} for task in r
+           if task in ("coupled_features", "three_way")}
+    coupled, three = err["coupled_features"], err["three_way"]
+    assert max(coupled["hfa_v1"]) < 0.1 < 0.3 < min(coupled["linear"])  # HFA learns the coupled interaction
+    assert max(three["ha"]) < 0.02 < 0.15 < min(three["linear"])  # HA learns the three-way one
+    # HFA is pairwise too: on the three-way task it stays at SA's error
+    assert all(abs(a - b) < 0.1 for a, b in zip(three["hfa_v1"], three["linear"]))
 
 
 def test_probe_uses_project_attention():
