@@ -5,7 +5,10 @@ Train a GPT with any attention variant, on one process or many (DDP).
     torchrun --standalone --nproc_per_node=8 train.py config/hfa.py
 
 A straight script in nanoGPT's manner: the variables below are the configuration, a
-config file or --key=value overrides change them (configurator.py). Every evaluation
+config file or --key=value overrides change them (configurator.py; --help lists them, and
+what a file or override sets is echoed). init_from='resume' takes the checkpoint's config
+as the default; init_from='gpt2'...'gpt2-xl' (or a Hugging Face folder) starts from GPT-2's
+weights, as nanoGPT's finetune and eval configs do. Every evaluation
 appends one JSON line to out_dir/log.jsonl; out_dir/ckpt.pt holds everything needed to
 resume exactly (model, optimizer, iteration, RNG and data-sampling state), written
 atomically so a crash mid-save leaves the previous checkpoint intact. SIGTERM/SIGINT

@@ -37,6 +37,7 @@ SESSION_ENV = {
     'TRITON_CACHE_DIR': os.path.join(SESSION_DIR, 'triton'),
     'TORCHINDUCTOR_CACHE_DIR': os.path.join(SESSION_DIR, 'inductor'),
     'XDG_CACHE_HOME': os.path.join(SESSION_DIR, 'xdg'),
+    'HF_HUB_DISABLE_TELEMETRY': '1',
 }
 os.environ.update(SESSION_ENV)
 for d in ('WANDB_DIR', 'MPLCONFIGDIR'):
@@ -61,12 +62,27 @@ def _state():
     return torch.get_default_dtype(), torch.get_num_threads(), env
 
 
+_STATE_AT_START = _state()
+
+
+def _changes(before, after):
+    (dtype, threads, env), (dtype2, threads2, env2) = before, after
+    keys = sorted(k for k in env.keys() | env2.keys() if env.get(k) != env2.get(k))
+    return [f"default dtype {dtype} -> {dtype2}"] * (dtype != dtype2) + \
+        [f"threads {threads} -> {threads2}"] * (threads != threads2) + \
+        [f"environment variables {keys}"] * bool(keys)
+
+
+def pytest_collection_finish(session):
+    """Importing a test module (and what it imports) must not change global state either."""
+    changed = _changes(_STATE_AT_START, _state())
+    if changed:
+        raise pytest.UsageError(f"importing the test modules changed global state: {'; '.join(changed)}")
+
+
 @pytest.fixture(autouse=True)
 def _leaves_global_state_alone():
-    dtype, threads, env = _state()
+    before = _state()
     yield
-    dtype2, threads2, env2 = _state()
-    changed = sorted(k for k in env.keys() | env2.keys() if env.get(k) != env2.get(k))
-    assert (dtype2, threads2, changed) == (dtype, threads, []), (
-        f"the test changed global state: default dtype {dtype} -> {dtype2}, "
-        f"threads {threads} -> {threads2}, environment variables {changed}")
+    changed = _changes(before, _state())
+    assert not changed, f"the test changed global state: {'; '.join(changed)}"
