@@ -281,7 +281,9 @@ def collect_run(run_dir, max_iters):
         'tokens_per_s': final['tokens'] / train_s if train_s else final.get('tokens_per_s'),
         'params': info.get('params', final.get('params')),
         'flops_per_token': info.get('flops_per_token', final.get('flops_per_token')),
-        'curve': [(r['tokens'], r['val_loss']) for r in log],
+        # one point per evaluation: (tokens, val loss, iteration, train loss)
+        'curve': [(r['tokens'], r['val_loss'], r['iter'], r['train_loss']) for r in log],
+        'tokens_per_iter': final['tokens'] // final['iter'] if final['iter'] else None,
     }
 
 
@@ -326,7 +328,9 @@ def summarize(args, variants, seeds, outcomes):
                'shape': v['shape'], 'overrides': v['overrides'], 'match': args.match,
                'params': done[0]['params'] if done else v['params_planned'],
                'flops_per_token': done[0]['flops_per_token'] if done else v['flops_planned'],
-               'tokens': done[0]['tokens'] if done else None}
+               'tokens': done[0]['tokens'] if done else None,
+               'iters': done[0]['iter'] if done else None,
+               'tokens_per_iter': done[0]['tokens_per_iter'] if done else None}
         for key in ('val_loss', 'val_ppl', 'best_val_loss', 'best_val_ppl', 'tokens_per_s', 'wall_s'):
             row[f'{key}_mean'], row[f'{key}_std'], row[f'{key}_ci95'] = mean_std_ci([r[key] for r in done])
         row['delta_val_loss_vs_sa'] = row['val_loss_mean'] - float(np.mean(ref)) if ref and loss else float('nan')
