@@ -55,7 +55,8 @@ def setup_workspace(w):
 # id: (script, arguments, text the error line must hold; None: must succeed[, environment]),
 # {data}/{out}/{w} are the row's workspace paths; in the environment None removes a variable
 OFFLINE_PROBE = {'HF_ENDPOINT': 'http://127.0.0.1:9', 'HF_HUB_OFFLINE': None, 'HF_DATASETS_OFFLINE': None,
-                 'TRANSFORMERS_OFFLINE': None}  # nothing listens on port 9: the Hub probe fails at once
+                 'TRANSFORMERS_OFFLINE': None,  # nothing listens on port 9: the Hub probe fails at once
+                 **{v: None for v in ('HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')}}
 ROWS = {
     'unknown_attention': ('train.py', ['--attention=flash9'], "unknown attention 'flash9'; valid: "),
     'unknown_config_key': ('train.py', ['--n_layers=2'], "unknown config key 'n_layers'; did you mean n_layer"),

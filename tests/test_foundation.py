@@ -264,14 +264,11 @@ def test_train_writes_log_and_checkpoint_and_resume_continues_the_curve(char_dat
     assert [r['val_loss'] for r in read_jsonl(part / 'log.jsonl')] == [r['val_loss'] for r in log]
 
 
-def test_log_says_where_the_checkpoint_went_and_tokens_per_s_is_measured(char_data, tmp_path):
+def test_log_says_where_the_checkpoint_went(char_data, tmp_path):
     out = tmp_path / 'run'
     r = run(tiny_args(char_data, out, max_iters=4))
-    assert f"checkpoint saved to {out / 'ckpt.pt'} (iteration 4)" in r.stdout
-    last = read_jsonl(out / 'log.jsonl')[-1]
-    train_time = sum(rec['dt_s'] for rec in read_jsonl(out / 'train_log.jsonl'))
-    # tokens over the measured training time (dt_s is rounded to 0.1 ms per step)
-    assert last['tokens_per_s'] == pytest.approx(last['tokens'] / train_time, rel=0.02)
+    saves = [l for l in r.stdout.splitlines() if l.startswith('checkpoint saved to')]
+    assert saves == [f"checkpoint saved to {out / 'ckpt.pt'} (iteration 4)"]  # evaluated at 0 and 4, saved at 4
 
 
 def test_eval_only_resume_evaluates_at_any_iteration(char_data, tmp_path):

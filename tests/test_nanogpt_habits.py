@@ -260,14 +260,25 @@ def test_wandb_is_imported_only_when_asked(char_data, tmp_path):
 
 # -- every command line has --help ----------------------------------------------------------
 
-@pytest.mark.parametrize('cmd', [['train.py'], ['sample.py'], ['prepare_openwebtext.py'], ['prepare_shakespeare.py'],
-                                 ['compare.py'], ['bench.py'], ['tools/bench_attention.py'],
-                                 ['-m', 'experiments.colliding_agents'], ['-m', 'experiments.theory_limits'],
-                                 ['-m', 'experiments.beyond_pairwise'], ['-m', 'experiments.random_features']],
-                         ids=lambda c: c[-1])
-def test_every_command_line_has_help(cmd):
-    r = run([*cmd, '--help'])
-    assert r.stdout.startswith('usage:') and 'Traceback' not in r.stderr
+COMMANDS = {c[-1]: c for c in (['train.py'], ['sample.py'], ['prepare_openwebtext.py'], ['prepare_shakespeare.py'],
+                                ['compare.py'], ['bench.py'], ['tools/bench_attention.py'],
+                                ['-m', 'experiments.colliding_agents'], ['-m', 'experiments.theory_limits'],
+                                ['-m', 'experiments.beyond_pairwise'], ['-m', 'experiments.random_features'])}
+
+
+@pytest.fixture(scope='module')
+def helps():
+    """Every command line's --help, started together (each spends seconds importing torch)."""
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    procs = {name: subprocess.Popen([PY, *cmd, '--help'], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE) for name, cmd in COMMANDS.items()}
+    return {name: (p.wait(300), *p.communicate()) for name, p in procs.items()}
+
+
+@pytest.mark.parametrize('name', list(COMMANDS))
+def test_every_command_line_has_help(helps, name):
+    rc, out, err = helps[name]
+    assert rc == 0 and out.startswith('usage:') and 'Traceback' not in err, err
 
 
 # -- prepare_openwebtext.py: the Hub path ---------------------------------------------------
@@ -287,7 +298,8 @@ class _NotFound(http.server.SimpleHTTPRequestHandler):
 
 
 NO_OFFLINE = {'HF_HUB_OFFLINE': None, 'HF_DATASETS_OFFLINE': None, 'TRANSFORMERS_OFFLINE': None,
-              'HF_HUB_DISABLE_TELEMETRY': '1'}
+              'HF_HUB_DISABLE_TELEMETRY': '1',  # and straight to the local stand-in, no proxy
+              **{v: None for v in ('HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy', 'ALL_PROXY', 'all_proxy')}}
 
 
 def test_prepare_online_failure_says_online_and_passes_the_revision(tmp_path):
