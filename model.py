@@ -40,6 +40,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm layers, as GPT-2
+    gelu: str = 'exact'         # 'tanh': the tanh approximation, as GPT-2's weights were trained with
     attention: str = 'sa'       # one of ATTENTIONS, for every layer...
     attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
     head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
@@ -54,7 +55,6 @@ class GPTConfig:
     ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
     attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
-    gelu: str = 'exact'         # 'tanh': the tanh approximation, as GPT-2's weights were trained with
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -66,6 +66,8 @@ class GPTConfig:
         if not self.head_dim and self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"change one of them or set head_dim")
+        if self.gelu not in ('exact', 'tanh'):
+            raise ValueError(f"gelu must be 'exact' or 'tanh', not {self.gelu!r}")
         if self.n_hfa_head > self.n_head:
             raise ValueError(f"n_hfa_head={self.n_hfa_head} exceeds n_head={self.n_head}")
         if self.hfa_order < 1 or self.ha_order < 2:
@@ -75,8 +77,6 @@ class GPTConfig:
         if self.attn_window and set(self.layer_attentions()) == {'ha'}:
             raise ValueError("attn_window applies to sa, linear and hfa heads and this model has none; "
                              "window HyperAttention with ha_window1 / ha_window2")
-        if self.gelu not in ('exact', 'tanh'):
-            raise ValueError(f"gelu must be 'exact' or 'tanh', not {self.gelu!r}")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
 
