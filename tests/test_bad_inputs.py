@@ -65,9 +65,11 @@ ROWS = {
     'malformed_config_file': ('train.py', ['{w}/bad_config.py'], "config file {w}/bad_config.py failed: SyntaxError"),
     'missing_dataset': ('train.py', ['--data_dir={w}/nodata'],
                         "{w}/nodata/train.bin not found; prepare the data first, e.g. `python prepare_shakespeare.py`"),
-    'empty_corpus': ('prepare_openwebtext.py', ['--source={w}/empty.txt', '--tokenizer=char', '--name=_reltest_empty'],
+    'empty_corpus': ('prepare_openwebtext.py', ['--source={w}/empty.txt', '--tokenizer=char', '--name=_reltest_empty',
+                                                '--root={w}/prepared'],
                      "holds no text; give a non-empty corpus"),
-    'one_paragraph_corpus': ('prepare_openwebtext.py', ['--source={w}/one.txt', '--tokenizer=char', '--name=_reltest_one'],
+    'one_paragraph_corpus': ('prepare_openwebtext.py', ['--source={w}/one.txt', '--tokenizer=char', '--name=_reltest_one',
+                                                        '--root={w}/prepared'],
                              "the corpus has a single document, too few for a train/val split"),
     'block_size_larger_than_data': ('train.py', ['--block_size=5000'],
                                     "train.bin has 2000 tokens, not enough for block_size=5000"),
@@ -94,10 +96,10 @@ ROWS = {
     'gpt2_weights_other_attention': ('train.py', ['--init_from=gpt2', '--attention=hfa_v1'],
                                      "init_from='gpt2' loads GPT-2's softmax attention weights; attention must be 'sa'"),
     'sample_init_from_unknown': ('sample.py', ['--init_from=scratch', *SAMPLE], "init_from must be 'resume', one of gpt2"),
-    'prepare_loading_script': ('prepare_openwebtext.py', ['--hf_id={w}/scriptds', '--name=_reltest_script'],
+    'prepare_loading_script': ('prepare_openwebtext.py', ['--hf_id={w}/scriptds', '--name=_reltest_script', '--root={w}/prepared'],
                                "it is a loading script, which datasets >= 4 no longer runs; use the Hub's parquet "
                                "conversion, --hf_revision=refs/convert/parquet"),
-    'prepare_offline': ('prepare_openwebtext.py', ['--name=_reltest_owt'],
+    'prepare_offline': ('prepare_openwebtext.py', ['--name=_reltest_owt', '--root={w}/prepared'],
                         "the Hugging Face Hub cannot be reached from here (offline) and the dataset is not in its "
                         "cache; prepare a local source instead: --source=path/to/file.txt", OFFLINE_PROBE),
 }
@@ -183,6 +185,6 @@ def test_prepare_offline_fails_at_once(results):
     assert 'Retrying' not in r['stderr'] and 'Retry' not in r['stdout']
 
 
-@pytest.mark.parametrize('name', ['_reltest_empty', '_reltest_one', '_reltest_script', '_reltest_owt'])
-def test_failed_prepare_writes_nothing(results, name):
-    assert not (ROOT / 'data' / name).exists()
+@pytest.mark.parametrize('row', ['empty_corpus', 'one_paragraph_corpus', 'prepare_loading_script', 'prepare_offline'])
+def test_failed_prepare_writes_nothing(results, row):
+    assert not (results[row]['w'] / 'prepared').exists()
