@@ -41,8 +41,9 @@ VARIANTS = {
 }
 LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3)
 # the sweep goes one step higher for the variants whose best was its largest value (an optimum
-# at the edge of a sweep is not one); HFA's loss had already risen at 8e-3
-HIGHER = {v: (1.6e-2,) for v in ('sa', 'sa_w16', 'ha_share_w', 'ha_noshare_w')}
+# at the edge of a sweep is not one), as often as needed; HFA's loss had already risen at 8e-3
+HIGHER = {'sa': (1.6e-2,), 'sa_w16': (1.6e-2,), 'ha_share_w': (1.6e-2, 3.2e-2), 'ha_noshare_w': (1.6e-2, 3.2e-2),
+          'ha_full': (1.6e-2,)}
 
 
 def sweep_lrs(v):
