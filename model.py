@@ -19,6 +19,7 @@ and each variant only says how its heads mix keys into values.
 """
 
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -42,6 +43,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm layers, as GPT-2
+    gelu: str = 'exact'         # 'tanh': the tanh approximation, as GPT-2's weights were trained with
     attention: str = 'sa'       # one of ATTENTIONS, for every layer...
     attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
     head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
@@ -68,6 +70,8 @@ class GPTConfig:
         if not self.head_dim and self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"change one of them or set head_dim")
+        if self.gelu not in ('exact', 'tanh'):
+            raise ValueError(f"gelu must be 'exact' or 'tanh', not {self.gelu!r}")
         if self.n_hfa_head > self.n_head:
             raise ValueError(f"n_hfa_head={self.n_hfa_head} exceeds n_head={self.n_head}")
         if self.hfa_order < 1 or self.ha_order < 2:
@@ -344,9 +348,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.approximate = 'tanh' if cfg.gelu == 'tanh' else 'none'
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
@@ -430,6 +435,54 @@ class GPT(nn.Module):
         else:  # inference: only the last position is needed
             logits, loss = self.lm_head(x[:, [-1], :]), None
         return logits, loss
+
+    @classmethod
+    def from_pretrained(cls, name_or_folder, override_args=None):
+        """GPT-2 weights from Hugging Face: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (from the
+        Hub or its cache) or a folder written by transformers' save_pretrained. The architecture is
+        the checkpoint's (softmax attention, biases, tanh GELU, its vocabulary and context); only
+        dropout may be overridden, as in nanoGPT. HF's Conv1D weights are (in, out): transposed."""
+        override_args = override_args or {}
+        if set(override_args) - {'dropout'}:
+            raise ValueError(f"only dropout can be overridden, not {', '.join(sorted(set(override_args) - {'dropout'}))}")
+        if not os.path.isdir(name_or_folder):
+            import hub
+            hub.online()  # offline: transformers reads only its cache, at once, instead of retrying
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+        bars_were_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name_or_folder)
+        finally:
+            if bars_were_on:
+                hf_logging.enable_progress_bar()
+        c = hf.config
+        unsupported = {'activation_function': (c.activation_function, ('gelu_new', 'gelu_pytorch_tanh', 'gelu')),
+                       'n_inner': (c.n_inner, (None, 4 * c.n_embd)),
+                       'scale_attn_by_inverse_layer_idx': (c.scale_attn_by_inverse_layer_idx, (False,)),
+                       'reorder_and_upcast_attn': (c.reorder_and_upcast_attn, (False,)),
+                       'layer_norm_epsilon': (c.layer_norm_epsilon, (1e-5,)),
+                       'tie_word_embeddings': (getattr(c, 'tie_word_embeddings', True), (True,))}
+        for key, (value, ok) in unsupported.items():
+            if value not in ok:
+                raise ValueError(f"{name_or_folder} has {key}={value!r}, which this GPT does not implement")
+        config = GPTConfig(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions,
+                           vocab_size=c.vocab_size, bias=True, attention='sa',
+                           gelu='exact' if c.activation_function == 'gelu' else 'tanh',
+                           dropout=override_args.get('dropout', 0.0))
+        model = cls(config)
+        ours = model.state_dict()
+        theirs = {k.replace('.attn.c_attn.', '.attn.groups.0.c_attn.'): v for k, v in hf.state_dict().items()
+                  if not k.endswith(('.attn.bias', '.attn.masked_bias'))}  # causal-mask buffers, not weights
+        if set(theirs) != set(ours):
+            raise ValueError(f"{name_or_folder}: parameter names differ from GPT-2's "
+                             f"({', '.join(sorted(set(theirs) ^ set(ours))[:3])} ...)")
+        conv1d = ('attn.groups.0.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+        with torch.no_grad():
+            for k, v in theirs.items():
+                ours[k].copy_(v.t() if k.endswith(conv1d) else v)
+        return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW; weight decay on 2-D weights (matmuls, embeddings) only, not on biases and norms."""

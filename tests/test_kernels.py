@@ -302,4 +302,6 @@ def test_bench_quick_writes_json(tmp_path):
     train = [rec for rec in records if rec['mode'] == 'train_step']
     assert all(rec['tokens_per_s'] > 0 and rec['flops_per_token'] > 0 and 0 < rec['frac_of_matmul_peak']
                for rec in train)
+    for rec in train:  # the rate is the step's tokens over its measured time, not a constant
+        assert rec['tokens_per_s'] * rec['seconds_per_step'] == pytest.approx(rec['batch_size'] * rec['block_size'])
     assert all(rec['identical_tokens'] for rec in records if rec['mode'].startswith('sample'))

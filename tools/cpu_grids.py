@@ -39,30 +39,39 @@ VARIANTS = {
     'ha_noshare_w': dict(attention='ha', ha_share_kv=False, ha_window1=16, ha_window2=8),
     'ha_full': dict(attention='ha', ha_share_kv=True, ha_window1=0, ha_window2=0),
 }
-LEARNING_RATES = (1e-3, 2e-3, 4e-3)
+LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3)
+# the sweep goes one step higher for the variants whose best was its largest value (an optimum
+# at the edge of a sweep is not one), as often as needed; HFA's loss had already risen at 8e-3
+HIGHER = {'sa': (1.6e-2,), 'sa_w16': (1.6e-2,), 'ha_share_w': (1.6e-2, 3.2e-2), 'ha_noshare_w': (1.6e-2, 3.2e-2),
+          'ha_full': (1.6e-2,)}
+
+
+def sweep_lrs(v):
+    return LEARNING_RATES + HIGHER.get(v, ())
 MAIN_ITERS = 1000
 SECOND = ['sa', 'sa_w16', 'hfa2_pm', 'ha_share_w']  # the variants rerun on milton and bpe
 
 
 def lr_tag(lr):
-    return f'{lr:.0e}'.replace('e-0', 'e-')
+    """1e-3 -> '1e-3', 1.6e-2 -> '1.6e-2' (run folder names)."""
+    return f'{lr:.1e}'.replace('.0e', 'e').replace('e-0', 'e-')
 
 
 def with_lr(over, lr):
     return {**over, 'learning_rate': lr, 'min_lr': lr / 10}
 
 
-def best_lrs():
+def best_lrs(variants):
     """Each variant's learning rate with the lowest final val loss in lr_sweep (one seed)."""
     path = GRIDS / 'lr_sweep' / 'results.json'
     if not path.exists():
         sys.exit(f"{path} not found: run `python tools/cpu_grids.py lr_sweep` first")
     rows = {r['variant']: r for r in json.loads(path.read_text())}
     best = {}
-    for v in VARIANTS:
-        done = [(rows[f'{v}_lr{lr_tag(lr)}']['val_loss_mean'], lr) for lr in LEARNING_RATES
+    for v in variants:
+        done = [(rows[f'{v}_lr{lr_tag(lr)}']['val_loss_mean'], lr) for lr in sweep_lrs(v)
                 if rows.get(f'{v}_lr{lr_tag(lr)}', {}).get('n_seeds')]
-        if len(done) < len(LEARNING_RATES):
+        if len(done) < len(sweep_lrs(v)):
             sys.exit(f"lr_sweep is unfinished for {v}: finish it first")
         best[v] = min(done)[1]
     return best
@@ -81,30 +90,37 @@ def main_cost(kind):
     return per_iter
 
 
-def grid(name):
-    """(variants {name: overrides}, seeds, extra train.py overrides) of one grid."""
+def grid(name, only=None):
+    """(variants {name: overrides}, seeds, extra train.py overrides) of one grid; `only`
+    keeps some of its variants (to train them first; the full grid collects them all)."""
+    variants, seeds, extra = _grid(name, only)
+    return {v: o for v, o in variants.items() if not only or v.split('_lr')[0] in only}, seeds, extra
+
+
+def _grid(name, only):
     if name == 'lr_sweep':
-        variants = {f'{v}_lr{lr_tag(lr)}': with_lr(over, lr) for v, over in VARIANTS.items() for lr in LEARNING_RATES}
+        variants = {f'{v}_lr{lr_tag(lr)}': with_lr(over, lr) for v, over in VARIANTS.items() for lr in sweep_lrs(v)}
         return variants, 1, dict(max_iters=400, lr_decay_iters=400)
     if name == 'early':  # the first comparison's budget: 200 iterations, one learning rate for all
         early = {'sa': VARIANTS['sa'], 'hfa': VARIANTS['hfa'], 'hybrid': dict(attention='hfa_v1', n_hfa_head=2),
                  'ha_noshare_w': VARIANTS['ha_noshare_w'], 'ha_share_w': VARIANTS['ha_share_w']}
         return early, 3, dict(max_iters=200, lr_decay_iters=200)
-    best = best_lrs()
-    tuned = {v: with_lr(over, best[v]) for v, over in VARIANTS.items()}
+    names = [v for v in VARIANTS if not only or v in only]
+    best = best_lrs(names)
+    tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
     if name == 'main':
         return tuned, 3, {}  # config/compare_cpu.py: MAIN_ITERS iterations
     if name in ('main_flops', 'main_time'):
         cost = main_cost(name.split('_')[1])
         variants = {}
         for v, over in tuned.items():
-            iters = max(1, round(MAIN_ITERS * cost['sa'] / cost[v]))
+            iters = max(1, round(MAIN_ITERS * cost['sa'] / cost[v]))  # SA's budget, spent at v's cost
             variants[v] = {**over, 'max_iters': iters, 'lr_decay_iters': iters}
         return variants, 3, {}
     if name == 'milton':
-        return {v: tuned[v] for v in SECOND}, 3, dict(dataset='milton_char')
+        return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='milton_char')
     if name == 'bpe':  # GPT-2 tokens: the 50,304-way output layer dominates, so half the batch and iterations
-        return {v: tuned[v] for v in SECOND}, 3, dict(dataset='shakespeare', batch_size=16, max_iters=500,
+        return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='shakespeare', batch_size=16, max_iters=500,
                                                       lr_decay_iters=500)
     raise SystemExit(f"unknown grid {name!r}; grids: {', '.join(ORDER)}")
 
@@ -112,8 +128,8 @@ def grid(name):
 ORDER = ['lr_sweep', 'main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']
 
 
-def command(name, jobs):
-    variants, seeds, extra = grid(name)
+def command(name, jobs, only=None):
+    variants, seeds, extra = grid(name, only)
     cmd = [sys.executable, 'compare.py', '--config', CONFIG, '--out', f'grids/{name}', '--seeds', str(seeds),
            '--jobs', str(jobs), '--threads', '1', '--variants', ','.join(variants)]
     for v, over in variants.items():
@@ -126,15 +142,17 @@ def main():
     p.add_argument('grid', help=f"one of {', '.join(ORDER)}, or all")
     p.add_argument('--jobs', type=int, default=2, help='runs trained at the same time (one thread each)')
     p.add_argument('--dry_run', action='store_true', help='print the compare.py command only')
+    p.add_argument('--only', default='', help='comma list of variants to train first (the full grid collects all)')
     a = p.parse_args()
+    only = [v for v in a.only.split(',') if v]
     names = ORDER if a.grid == 'all' else [a.grid]
     for name in names:
         if name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists() and not a.dry_run:
-            step_cmd = command('main', a.jobs)
+            step_cmd = command('main', a.jobs, only)
             step_cmd[1] = 'tools/step_times.py'
             print('+', ' '.join(step_cmd), flush=True)
             subprocess.run(step_cmd + ['--rounds=7'], cwd=ROOT, check=True)
-        cmd = command(name, a.jobs)
+        cmd = command(name, a.jobs, only)
         print('+', ' '.join(cmd), flush=True)
         if not a.dry_run:
             rc = subprocess.run(cmd, cwd=ROOT).returncode

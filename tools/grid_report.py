@@ -120,12 +120,13 @@ def checkpoints(iters):
 
 
 def sweep_table(rows, variants, lrs, tag):
+    """Final val loss per (variant, learning rate); '-' where that rate was not run."""
     head = ['variant'] + [f'lr {lr:g}' for lr in lrs] + ['best']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for v in variants:
-        losses = [rows[f'{v}_lr{tag(lr)}']['val_loss_mean'] for lr in lrs]
-        best = int(np.argmin(losses))
-        lines.append(f'| `{v}` | ' + ' | '.join(f'**{x:.4f}**' if i == best else f'{x:.4f}'
+        losses = [rows[f'{v}_lr{tag(lr)}']['val_loss_mean'] if f'{v}_lr{tag(lr)}' in rows else None for lr in lrs]
+        best = min((x, i) for i, x in enumerate(losses) if x is not None)[1]
+        lines.append(f'| `{v}` | ' + ' | '.join('-' if x is None else f'**{x:.4f}**' if i == best else f'{x:.4f}'
                                                 for i, x in enumerate(losses)) + f' | {lrs[best]:g} |')
     return '\n'.join(lines)
 
@@ -200,8 +201,8 @@ def report(draw=False):
     grids = {g: load(g) for g in cpu_grids.ORDER}
     out = []
     if grids['lr_sweep']:
-        out += ['### lr_sweep', sweep_table(grids['lr_sweep'], list(cpu_grids.VARIANTS), cpu_grids.LEARNING_RATES,
-                                            cpu_grids.lr_tag), '']
+        lrs = sorted({lr for v in cpu_grids.VARIANTS for lr in cpu_grids.sweep_lrs(v)})
+        out += ['### lr_sweep', sweep_table(grids['lr_sweep'], list(cpu_grids.VARIANTS), lrs, cpu_grids.lr_tag), '']
     if grids['main']:
         out += ['### summary', summary_table(grids, list(cpu_grids.VARIANTS)), '']
     for g in ['main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']:
