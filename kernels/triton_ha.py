@@ -44,7 +44,6 @@ Matmuls per (lane tile x column block), for FLOP accounting: forward 2; backward
 6 (slot a), 6 (slot b) with the split, 3, 4, 4 without it.
 """
 
-import math
 
 import torch
 import triton

@@ -243,14 +243,14 @@ def test_backward_is_deterministic(tha):
 
 def test_bad_inputs_say_what_is_wrong(tha):
     m, dev = tha
-    q = torch.zeros(1, 4, 16, device=dev)
-    k = torch.zeros(1, 5, 16, device=dev)
+    q = torch.zeros(1, 4, 16, dtype=torch.float32, device=dev)
+    k = torch.zeros(1, 5, 16, dtype=torch.float32, device=dev)
     with pytest.raises(ValueError, match='dtype'):
         m.ha3_forward(q, k, k, k, k.half(), 0, True, 0, 0, 0.25)
     with pytest.raises(ValueError, match=r'\(N, Tk, dh\)'):
         m.ha3_forward(q, k, k[:, :3], k, k, 0, True, 0, 0, 0.25)
     with pytest.raises(ValueError, match='head size'):
-        big = torch.zeros(1, 4, 300, device=dev)
+        big = torch.zeros(1, 4, 300, dtype=torch.float32, device=dev)
         m.ha3_forward(big, big, big, big, big, 0, True, 0, 0, 0.25)
 
 
