@@ -5,6 +5,7 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
     python bench.py --quick                  # seconds, for a test
     python bench.py --block_sizes 128,512 --device cuda --out results/bench.json
     python bench.py --device cuda --gpt2 only     # the GPT-2-small training steps alone
+    python bench.py --device cuda --kernels_only --out results/kernels.json   # the kernel rows alone
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
@@ -20,6 +21,12 @@ Modes:
                  torch.compile on and off; tokens/s and MFU against hardware.py's dense bf16 peak.
                  Variants: sa, linear, hfa_v1, hfa_v2, ha (config/ha.py: every 4th layer, windows
                  512 x 32), ha_r64 (config/ia_table.py: every layer, windows 64 x 64), sdpa_min
+    kernel_fwd, kernel_bwd, kernel_fwd_bwd
+                 one attention kernel alone (kernels/, on CUDA by default): bf16, batch x heads
+                 x T x dh at T in --kernel_seq_lens, dh in --kernel_head_dims, beside SDPA
+                 (flash) at the same shape; TFLOP/s and the fraction of the device's dense bf16
+                 peak (hardware.py). Rows: sdpa, linear, linear_norm, hfa_A1..A3, ha_win (windows
+                 512, 32), ha_win_shared, ha (full; T <= 1024 only, O(T^3)).
 
 Every (variant, mode, block size) runs in a fresh Python process. `peak_mem_bytes` is the
 memory the step itself needs (activations, gradients, optimizer state) beyond what is held
@@ -54,6 +61,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import hardware
+from kernels.masks import mean_visible
 from model import GPT, GPTConfig, make_attention
 
 VARIANTS = ['sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win']
@@ -218,7 +227,7 @@ def run_case(case):
 
 def _use_reference(attn):
     """Make an HA layer compute with hyper_attention_reference (every tuple materialised)."""
-    from hyperattention import hyper_attention_reference, pair_masks
+    from kernels.hyperattention import hyper_attention_reference, pair_masks
     for g in attn.groups:
         c = g.cfg
 
@@ -327,6 +336,147 @@ def gpt2_cases(args):
 
 
 # -----------------------------------------------------------------------------
+# kernel rows: one attention kernel alone, forward / backward / both, beside SDPA
+
+KERNEL_ROWS = ['sdpa', 'linear', 'linear_norm', 'hfa_A1', 'hfa_A2', 'hfa_A3', 'ha_win', 'ha_win_shared', 'ha']
+
+
+def kernel_call(name, B, H, T, dh, dtype, device, window=(512, 32)):
+    """(inputs, f, forward FLOPs) of one kernel row: f(*inputs) -> out (B, H, T, dh).
+    FLOPs count the visible pairs only (causal, windows), 2 per multiply-add, as
+    Attention.mix_flops does: sdpa / linear 4 dh per (query, key); HFA (2 A dh + A - 1 + 2 dh);
+    HA 4 dh per (query, key pair)."""
+    from kernels import ops
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype).requires_grad_()
+    scale = dh ** -0.5
+    pairs = B * H * T * mean_visible(T, True)
+    if name == 'sdpa':
+        x = [rand(B, H, T, dh) for _ in range(3)]
+        return x, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), 4 * dh * pairs
+    if name.startswith('linear'):
+        x = [rand(B, H, T, dh) for _ in range(3)]
+        norm = name == 'linear_norm'
+        return x, lambda q, k, v: ops.linear_attention(q, k, v, 0, True, 0, norm, scale), 4 * dh * pairs
+    if name.startswith('hfa'):
+        A = int(name[-1])
+        x = [rand(A, B, H, T, dh), rand(A, B, H, T, dh), rand(B, H, T, dh)]
+        return x, lambda q, k, v: ops.hfa_attention(q, k, v, 0, True, 0, scale), (2 * A * dh + A - 1 + 2 * dh) * pairs
+    if name.startswith('ha'):
+        w1, w2 = window if name.startswith('ha_win') else (0, 0)
+        tuples = sum(min(i + 1, w1 or T) * min(i + 1, w2 or T) for i in range(T))
+        shared = name.endswith('shared')
+        x = [rand(B, H, T, dh) for _ in range(3 if shared else 5)]
+
+        def f(q, *kv):
+            k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
+            return ops.hyper_attention(q, k1, k2, v1, v2, 0, True, w1, w2, kernel='auto')
+        return x, f, 4 * dh * B * H * tuples
+    raise ValueError(name)
+
+
+def kernel_case(name, B, H, T, dh, dtype, device, min_time, min_iters):
+    """Seconds of forward, backward and forward + backward of one kernel row."""
+    x, f, fwd_flops = kernel_call(name, B, H, T, dh, dtype, device)
+    out = f(*x)
+    dout = torch.randn_like(out)
+
+    def fwd():
+        with torch.no_grad():
+            f(*x)
+
+    def bwd():
+        torch.autograd.grad(out, x, dout, retain_graph=True)
+
+    def both():
+        torch.autograd.grad(f(*x), x, dout)
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+    times = {mode: timed(step, device, min_time, min_iters)
+             for mode, step in (('kernel_fwd', fwd), ('kernel_bwd', bwd), ('kernel_fwd_bwd', both))}
+    peak = torch.cuda.max_memory_allocated() if device == 'cuda' else None
+    # backward = 2 x forward FLOPs, the convention of FlashAttention's benchmarks (no recompute counted)
+    flops = {'kernel_fwd': fwd_flops, 'kernel_bwd': 2 * fwd_flops, 'kernel_fwd_bwd': 3 * fwd_flops}
+    return times, flops, peak
+
+
+def kernel_rows(args):
+    """Every kernel row at every (T, dh), SDPA first at each shape; a row that fails (no
+    kernel, out of memory) is recorded with its error and the sweep goes on."""
+    import kernels
+    kernels.load_triton()  # before the first custom op call, which may import triton itself
+    dev = args.device
+    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[args.kernel_dtype]
+    peak, peak_src = hardware.peak_flops(dev)
+    name = torch.cuda.get_device_name() if dev == 'cuda' else dev
+    B, H = args.kernel_batch, args.kernel_heads
+    records = []
+    print(f"kernels on {name}, {args.kernel_dtype}, B={B} H={H}; peak {peak / 1e12:.1f} TFLOP/s ({peak_src})")
+    print(f"{'kernel':<15}{'T':>6}{'dh':>5}  {'fwd ms':>8}{'bwd ms':>8}{'f+b ms':>8}  {'TFLOP/s f+b':>11}"
+          f"{'% peak':>8}{'x SDPA':>8}")
+    for T in args.kernel_seq_lens:
+        for dh in args.kernel_head_dims:
+            base = {}
+            for row in args.kernel_list:
+                if row == 'ha' and T > args.kernel_ha_full_max:
+                    continue  # O(T^3)
+                rec0 = dict(variant=row, block_size=T, batch_size=B, heads=H, head_dim=dh, dtype=args.kernel_dtype,
+                            device=dev, device_name=name, peak_flops=peak, peak_source=peak_src,
+                            frac_of_matmul_peak=None, flops_per_token=None)
+                try:
+                    times, flops, mem = kernel_case(row, B, H, T, dh, dtype, dev, args.kernel_min_time,
+                                                    args.kernel_min_iters)
+                except Exception as e:  # reported, not fatal
+                    err = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    records.append(dict(rec0, mode='kernel_fwd_bwd', seconds=None, tokens_per_s=None,
+                                        peak_mem_bytes=None, error=err))
+                    print(f"{row:<15}{T:>6}{dh:>5}  FAILED: {err}", flush=True)
+                    if dev == 'cuda':
+                        torch.cuda.empty_cache()
+                    continue
+                if row == 'sdpa':
+                    base = times
+                for mode, dt in times.items():
+                    rec = dict(rec0, mode=mode, seconds=dt, tokens_per_s=B * T / dt, peak_mem_bytes=mem,
+                               flops=flops[mode], tflops_per_s=flops[mode] / dt / 1e12,
+                               frac_of_peak=flops[mode] / dt / peak,
+                               sdpa_seconds=base.get(mode), time_vs_sdpa=dt / base[mode] if mode in base else None)
+                    records.append(rec)
+                r = records[-1]
+                print(f"{row:<15}{T:>6}{dh:>5}  {times['kernel_fwd'] * 1e3:>8.3f}{times['kernel_bwd'] * 1e3:>8.3f}"
+                      f"{times['kernel_fwd_bwd'] * 1e3:>8.3f}  {r['tflops_per_s']:>11.1f}{100 * r['frac_of_peak']:>7.1f}%"
+                      f"{r['time_vs_sdpa'] or float('nan'):>8.2f}", flush=True)
+    return records
+
+
+def add_kernel_args(p):
+    g = p.add_argument_group('kernel rows (default on CUDA)')
+    g.add_argument('--kernels', choices=['auto', 'on', 'off'], default='auto', help='auto: on for --device cuda')
+    g.add_argument('--kernels_only', action='store_true', help='only the kernel rows')
+    g.add_argument('--kernel_seq_lens', default='1024,4096,8192')
+    g.add_argument('--kernel_head_dims', default='64,128')
+    g.add_argument('--kernel_batch', type=int, default=2)
+    g.add_argument('--kernel_heads', type=int, default=8)
+    g.add_argument('--kernel_dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'])
+    g.add_argument('--kernel_list', default=','.join(KERNEL_ROWS))
+    g.add_argument('--kernel_ha_full_max', type=int, default=1024, help='longest T for the full (O(T^3)) ha row')
+    g.add_argument('--kernel_min_time', type=float, default=0.2)
+    g.add_argument('--kernel_min_iters', type=int, default=3)
+
+
+def parse_kernel_args(args):
+    args.kernel_seq_lens = [int(s) for s in str(args.kernel_seq_lens).split(',')]
+    args.kernel_head_dims = [int(s) for s in str(args.kernel_head_dims).split(',')]
+    args.kernel_list = [s.strip() for s in args.kernel_list.split(',')]
+    unknown = set(args.kernel_list) - set(KERNEL_ROWS)
+    if unknown:
+        raise SystemExit(f"error: unknown kernel rows {sorted(unknown)}; valid: {', '.join(KERNEL_ROWS)}")
+    return args.kernels == 'on' or args.kernels_only or (args.kernels == 'auto' and args.device == 'cuda')
+
+
+# -----------------------------------------------------------------------------
 # the sweep: one subprocess per case
 
 def plan(args):
@@ -372,12 +522,17 @@ def main():
     p.add_argument('--in_process', action='store_true', help='no subprocess per case (implied by --quick)')
     p.add_argument('--out', default=None, help='write the records as JSON')
     p.add_argument('--case', default=None, help=argparse.SUPPRESS)  # internal: run one case
+    add_kernel_args(p)
     args = p.parse_args()
 
     if args.case:
         print('RESULT ' + json.dumps(run_any(json.loads(args.case))))
         return
 
+    with_kernels = parse_kernel_args(args)
+    if args.kernels_only:
+        write_records(kernel_rows(args), args.out)
+        return
     cpu = args.device == 'cpu'
     if args.block_sizes:
         args.block_sizes = [int(s) for s in args.block_sizes.split(',')]
@@ -436,11 +591,17 @@ def main():
     for rec in records:
         print_row(rec)
     print(f"total {time.time() - t_start:.0f} s")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
+    if with_kernels:
+        records += kernel_rows(args)
+    write_records(records, args.out)
+
+
+def write_records(records, path):
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, 'w') as f:
             json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.out}")
+        print(f"wrote {len(records)} records to {path}")
 
 
 def args_timeout(args):

@@ -72,9 +72,11 @@ REFERENCE = 'sa'
 # configuration: train.py's defaults, then the config file, the extras, the variant
 
 def train_defaults():
-    """train.py's default config: its top-level `name = literal` assignments."""
+    """train.py's default config: its top-level `name = literal` assignments before `config_keys`."""
     defaults = {}
     for node in ast.parse(TRAIN.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == 'config_keys' for t in node.targets):
+            break  # the end of the configuration block
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
                 defaults[node.targets[0].id] = ast.literal_eval(node.value)
@@ -93,7 +95,7 @@ def resolve(config_file, extra, overrides):
     sys.path.insert(0, str(ROOT))
     import configurator
     argv = ([config_file] if config_file else []) + list(extra) + as_args(overrides)
-    return configurator.load(train_defaults(), argv)
+    return configurator.parse(train_defaults(), argv)[0]  # silently: train.py echoes what it applies
 
 
 def vocab_size(cfg):
@@ -423,7 +425,9 @@ def collect_run(run_dir, max_iters):
         'tokens_per_s': final['tokens'] / train_s if train_s else final.get('tokens_per_s'),
         'params': info.get('params', final.get('params')),
         'flops_per_token': info.get('flops_per_token', final.get('flops_per_token')),
-        'curve': [(r['tokens'], r['val_loss']) for r in log],
+        # one point per evaluation: (tokens, val loss, iteration, train loss)
+        'curve': [(r['tokens'], r['val_loss'], r['iter'], r['train_loss']) for r in log],
+        'tokens_per_iter': final['tokens'] // final['iter'] if final['iter'] else None,
     }
 
 
@@ -468,7 +472,9 @@ def summarize(args, variants, seeds, outcomes):
                'shape': v['shape'], 'overrides': v['overrides'], 'match': args.match,
                'params': done[0]['params'] if done else v['params_planned'],
                'flops_per_token': done[0]['flops_per_token'] if done else v['flops_planned'],
-               'tokens': done[0]['tokens'] if done else None}
+               'tokens': done[0]['tokens'] if done else None,
+               'iters': done[0]['iter'] if done else None,
+               'tokens_per_iter': done[0]['tokens_per_iter'] if done else None}
         for key in ('val_loss', 'val_ppl', 'best_val_loss', 'best_val_ppl', 'tokens_per_s', 'wall_s'):
             row[f'{key}_mean'], row[f'{key}_std'], row[f'{key}_ci95'] = mean_std_ci([r[key] for r in done])
         row['delta_val_loss_vs_sa'] = row['val_loss_mean'] - float(np.mean(ref)) if ref and loss else float('nan')

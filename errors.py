@@ -2,11 +2,15 @@
 
 Every script imports this module; its exception hook turns an uncaught UserError into
 `error: <message>` and exit status 2. Any other exception keeps its full traceback,
-because that is a bug, not a user mistake.
+because that is a bug, not a user mistake. Under torchrun the message also goes into the
+worker's torchelastic error file, so torchrun's failure report names it as the root cause
+instead of "To enable traceback see ...".
 """
 
+import json
 import os
 import sys
+import time
 
 
 class UserError(Exception):
@@ -19,6 +23,15 @@ def _hook(kind, value, tb, _default=sys.excepthook):
         # torchrun every process meets the same bad input, so rank 0 alone says it
         if os.environ.get('RANK', '0') == '0':
             print(f"error: {value}", file=sys.__stderr__, flush=True)
+        error_file = os.environ.get('TORCHELASTIC_ERROR_FILE')
+        if error_file:  # torchelastic's format; the report shows py_callstack: our one line
+            line = f"error: {value}"
+            try:
+                with open(error_file, 'w') as f:
+                    json.dump({'message': {'message': line, 'extraInfo': {
+                        'py_callstack': line, 'timestamp': str(int(time.time()))}}}, f)
+            except OSError:
+                pass
         sys.exit(2)  # inside the hook, so the interpreter exits with 2 instead of 1
     if issubclass(kind, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)

@@ -19,13 +19,17 @@ and each variant only says how its heads mix keys into values.
 """
 
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from hyperattention import hyper_attention, hyper_attention_reference
+import kernels
+from kernels.hyperattention import hyper_attention_reference, linear_hyper_attention
+from kernels.masks import mean_visible, visible
+from kernels.ops import hfa_attention, hyper_attention, linear_attention
 
 ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
 
@@ -39,6 +43,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm layers, as GPT-2
+    gelu: str = 'exact'         # 'tanh': the tanh approximation, as GPT-2's weights were trained with
     attention: str = 'sa'       # one of ATTENTIONS, for every layer...
     attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
     head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
@@ -53,6 +58,7 @@ class GPTConfig:
     ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
     attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
+    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch': who computes linear, hfa and ha (kernels/)
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -64,6 +70,8 @@ class GPTConfig:
         if not self.head_dim and self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"change one of them or set head_dim")
+        if self.gelu not in ('exact', 'tanh'):
+            raise ValueError(f"gelu must be 'exact' or 'tanh', not {self.gelu!r}")
         if self.n_hfa_head > self.n_head:
             raise ValueError(f"n_hfa_head={self.n_hfa_head} exceeds n_head={self.n_head}")
         if self.hfa_order < 1 or self.ha_order < 2:
@@ -75,6 +83,8 @@ class GPTConfig:
                              "window HyperAttention with ha_window1 / ha_window2")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
+        if self.kernel not in kernels.KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(kernels.KERNELS)}, not {self.kernel!r}")
 
     def layer_attentions(self):
         if self.attn_layers:
@@ -90,29 +100,6 @@ class GPTConfig:
         """Build from a dict that may hold other keys (a training config, an old checkpoint)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-# -----------------------------------------------------------------------------
-# masks: which key positions a query position may read
-
-def visible(n_q, n_k, offset, causal, window, device):
-    """Bool (n_q, n_k). Query i sits at absolute position offset + i, key j at j.
-    Causal: j <= offset + i; a window w > 0 also requires offset + i - j < w."""
-    i = torch.arange(n_q, device=device)[:, None] + offset
-    j = torch.arange(n_k, device=device)[None, :]
-    if not causal:
-        return torch.ones(n_q, n_k, dtype=torch.bool, device=device)
-    m = j <= i
-    if window:
-        m = m & (i - j < window)
-    return m
-
-
-def mean_visible(T, causal, window=0):
-    """Number of keys a query sees, averaged over the T positions of a sequence."""
-    if not causal:
-        return float(T)
-    return sum(min(i + 1, window or T) for i in range(T)) / T
 
 
 # -----------------------------------------------------------------------------
@@ -134,6 +121,7 @@ class Heads(nn.Module):
         self.n_streams = self.n_q + self.n_k + self.n_v
         self.c_attn = nn.Linear(cfg.n_embd, self.n_streams * n_heads * self.dh, bias=cfg.bias)
         self.dropout = cfg.dropout
+        kernels.prepare(cfg.kernel)
 
     def forward(self, x, kv=None, offset=0):
         B, T, _ = x.shape
@@ -156,6 +144,11 @@ class Heads(nn.Module):
 
     def weights_dropout(self, w):
         return F.dropout(w, self.dropout, self.training) if self.dropout else w
+
+    def backend(self, q, family, supported=True):
+        """'triton' or 'torch' (kernels.backend); the fused kernels apply no attention-weight
+        dropout, so while it is active the PyTorch path runs."""
+        return kernels.backend(self.cfg.kernel, q, family, supported and not (self.dropout and self.training))
 
     def mix_flops(self, T):
         """Forward FLOPs per token, per head, of mixing keys into values (no projections)."""
@@ -185,10 +178,13 @@ class LinearHeads(Heads):
     """Linear self-attention [IA Eq. 1]: the softmax removed, nothing else,
         head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
     Our choice: with linear_norm=True the sum is divided by the number of visible keys
-    (i + 1, or the window), which keeps activations O(1) for long contexts; off by default."""
+    (i + 1, or the window), which keeps activations O(1) for long contexts; off by default.
+    With the Triton kernel (kernels/triton_linear.py) no T x T matrix is formed."""
 
     def mix(self, q, k, v, offset):
         q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)
+        if self.backend(q, 'linear') == 'triton':
+            return linear_attention(q, k, v, offset, self.cfg.causal, self.window, self.cfg.linear_norm, self.dh ** -0.5)
         m = self.mask(q, k, offset)
         w = (q @ k.transpose(-2, -1)) * self.dh ** -0.5 * m
         if self.cfg.linear_norm:
@@ -209,7 +205,9 @@ class HFAHeads(Heads):
 
     Fast path: (Q1 K1^T) * (Q2 K2^T) = (Q1 (x) Q2)(K1 (x) K2)^T with (x) the row-wise
     Kronecker product, so HFA is exactly SDPA on lifted queries/keys of width dh^A:
-    memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto')."""
+    memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto').
+    The Triton kernel (kernels/triton_hfa.py, softmax, A <= 4) multiplies the A score tiles
+    inside one flash-attention loop instead: no T x T tensor at any dh."""
     kron_max_width = 256
 
     def __init__(self, cfg, n_heads, values_product):
@@ -221,6 +219,8 @@ class HFAHeads(Heads):
 
     def mix(self, q, k, v, offset):
         v = v.prod(0)  # hfa_v1: the only value stream; hfa_v2: the Hadamard product
+        if self.backend(q[0], 'hfa', self.cfg.softmax and len(q) <= 4) == 'triton':
+            return hfa_attention(q, k, v, offset, self.cfg.causal, self.window, self.dh ** -0.5)
         if self.use_kron:
             return self.mix_kron(q, k, v, offset)
         s = q @ k.transpose(-2, -1)  # (A, B, H, Tq, Tk); multiply the factors out one by one:
@@ -266,7 +266,7 @@ class HAHeads(Heads):
     [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
     windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
     (2-simplicial attention, Roy et al. 2025; for order >= 4 the slots beyond the second are
-    full). Order 3 runs blockwise with an online softmax (hyperattention.py): no T x T x T
+    full). Order 3 runs blockwise with an online softmax (kernels/): no T x T x T
     tensor. Order >= 4 uses the materialising reference.
     Dropout on the attention weights is not applied here (the kernel never forms them); the
     residual dropout after W_O is."""
@@ -281,9 +281,12 @@ class HAHeads(Heads):
         c, n = self.cfg, self.cfg.ha_order - 1
         if c.ha_share_kv:  # the same key and value stream in every slot
             k, v = k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])
+        if n == 2 and not c.softmax:
+            return linear_hyper_attention(q[0], k[0], k[1], v[0], v[1], offset, c.causal, c.ha_window1, c.ha_window2)
         if n == 2:
-            return hyper_attention(q[0], k[0], k[1], v[0], v[1], offset=offset, causal=c.causal,
-                                   window1=c.ha_window1, window2=c.ha_window2, softmax=c.softmax)
+            k1, v1 = k[0], v[0]
+            k2, v2 = (k1, v1) if c.ha_share_kv else (k[1], v[1])  # shared: one tensor in both slots
+            return hyper_attention(q[0], k1, k2, v1, v2, offset, c.causal, c.ha_window1, c.ha_window2, c.kernel)
         windows = [c.ha_window1, c.ha_window2] + [0] * (n - 2)  # slots beyond the second: full
         masks = [visible(q.size(-2), k.size(-2), offset, c.causal, w, q.device) for w in windows]
         return hyper_attention_reference(q[0], list(k), list(v), masks, softmax=c.softmax)
@@ -346,9 +349,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.approximate = 'tanh' if cfg.gelu == 'tanh' else 'none'
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
@@ -432,6 +436,54 @@ class GPT(nn.Module):
         else:  # inference: only the last position is needed
             logits, loss = self.lm_head(x[:, [-1], :]), None
         return logits, loss
+
+    @classmethod
+    def from_pretrained(cls, name_or_folder, override_args=None):
+        """GPT-2 weights from Hugging Face: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (from the
+        Hub or its cache) or a folder written by transformers' save_pretrained. The architecture is
+        the checkpoint's (softmax attention, biases, tanh GELU, its vocabulary and context); only
+        dropout may be overridden, as in nanoGPT. HF's Conv1D weights are (in, out): transposed."""
+        override_args = override_args or {}
+        if set(override_args) - {'dropout'}:
+            raise ValueError(f"only dropout can be overridden, not {', '.join(sorted(set(override_args) - {'dropout'}))}")
+        if not os.path.isdir(name_or_folder):
+            import hub
+            hub.online()  # offline: transformers reads only its cache, at once, instead of retrying
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+        bars_were_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name_or_folder)
+        finally:
+            if bars_were_on:
+                hf_logging.enable_progress_bar()
+        c = hf.config
+        unsupported = {'activation_function': (c.activation_function, ('gelu_new', 'gelu_pytorch_tanh', 'gelu')),
+                       'n_inner': (c.n_inner, (None, 4 * c.n_embd)),
+                       'scale_attn_by_inverse_layer_idx': (c.scale_attn_by_inverse_layer_idx, (False,)),
+                       'reorder_and_upcast_attn': (c.reorder_and_upcast_attn, (False,)),
+                       'layer_norm_epsilon': (c.layer_norm_epsilon, (1e-5,)),
+                       'tie_word_embeddings': (getattr(c, 'tie_word_embeddings', True), (True,))}
+        for key, (value, ok) in unsupported.items():
+            if value not in ok:
+                raise ValueError(f"{name_or_folder} has {key}={value!r}, which this GPT does not implement")
+        config = GPTConfig(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions,
+                           vocab_size=c.vocab_size, bias=True, attention='sa',
+                           gelu='exact' if c.activation_function == 'gelu' else 'tanh',
+                           dropout=override_args.get('dropout', 0.0))
+        model = cls(config)
+        ours = model.state_dict()
+        theirs = {k.replace('.attn.c_attn.', '.attn.groups.0.c_attn.'): v for k, v in hf.state_dict().items()
+                  if not k.endswith(('.attn.bias', '.attn.masked_bias'))}  # causal-mask buffers, not weights
+        if set(theirs) != set(ours):
+            raise ValueError(f"{name_or_folder}: parameter names differ from GPT-2's "
+                             f"({', '.join(sorted(set(theirs) ^ set(ours))[:3])} ...)")
+        conv1d = ('attn.groups.0.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+        with torch.no_grad():
+            for k, v in theirs.items():
+                ours[k].copy_(v.t() if k.endswith(conv1d) else v)
+        return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW; weight decay on 2-D weights (matmuls, embeddings) only, not on biases and norms."""

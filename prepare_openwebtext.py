@@ -2,13 +2,16 @@
 Prepare a corpus as uint16 token files for train.py: data/<name>/{train,val}.bin + meta.json.
 
     python prepare_openwebtext.py                         # OpenWebText from the Hub (needs network)
+    python prepare_openwebtext.py --hf_revision=refs/convert/parquet   # the Hub's parquet conversion
     python prepare_openwebtext.py --source=corpus.txt --name=mine
     python prepare_openwebtext.py --source=docs/ --tokenizer=char --name=mine_char
     python prepare_openwebtext.py --source=shard.jsonl    # or .parquet: a 'text' column
 
 OpenWebText: 8,013,769 documents, ~9.0B GPT-2 tokens train / ~4.4M val with the 0.0005
 split (nanoGPT's numbers). Its old script-based loader broke with datasets >= 4; the set
-lives on the Hub as Skylion007/openwebtext (--hf_id).
+lives on the Hub as Skylion007/openwebtext (--hf_id). If a Hub id turns out to be a loading
+script, its parquet conversion (--hf_revision=refs/convert/parquet) holds the same data as
+plain files. Offline, the script says so in a second and names the local options.
 """
 
 import argparse
@@ -22,10 +25,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--source', default='openwebtext',
                    help="'openwebtext' (Hub), 'shakespeare' or 'milton' (embedded), a text file, a folder of .txt, .jsonl or .parquet")
-    p.add_argument('--name', default=None, help='output folder under data/ (default: from the source)')
+    p.add_argument('--name', default=None, help='output folder under --root (default: from the source)')
+    p.add_argument('--root', default=str(data.DATA), help='where dataset folders go (default: data/ beside this script)')
     p.add_argument('--tokenizer', default='gpt2', choices=['gpt2', 'char'])
     p.add_argument('--val_fraction', type=float, default=None, help='documents held out (default 0.0005 OWT, else 0.1)')
-    p.add_argument('--hf_id', default='Skylion007/openwebtext')
+    p.add_argument('--hf_id', default='Skylion007/openwebtext', help='Hub dataset id (or a local dataset folder) for --source=openwebtext')
+    p.add_argument('--hf_revision', default=None, help='Hub branch, tag or commit, e.g. refs/convert/parquet')
+    p.add_argument('--hf_config', default=None, help='Hub dataset configuration name, if it has several')
     p.add_argument('--num_proc', type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument('--sample_by', choices=['line', 'paragraph', 'document'], default=None,
                    help='how a text file splits into documents (default: paragraph; a folder: document per file)')
@@ -35,8 +41,9 @@ def main():
     if a.tokenizer == 'char' and not a.name:
         name += '_char'
     val_fraction = a.val_fraction if a.val_fraction is not None else (0.0005 if a.source == 'openwebtext' else 0.1)
-    out = data.prepare(a.source, name, a.tokenizer, val_fraction, a.num_proc, a.hf_id, a.sample_by)
-    print(f"wrote {out}: {open(out / 'meta.json').read()}")
+    out = data.prepare(a.source, name, a.tokenizer, val_fraction, a.num_proc, a.hf_id, a.sample_by,
+                       root=a.root, hf_revision=a.hf_revision, hf_config=a.hf_config)
+    print(f"wrote {out}:\n{data.summary(out)}")
 
 
 if __name__ == '__main__':

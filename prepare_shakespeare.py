@@ -23,9 +23,7 @@ def main():
     for tokenizer, name in (('char', f'{a.corpus}_char'), ('gpt2', a.corpus)):
         if a.only in (None, tokenizer):
             out = data.prepare(a.corpus, name, tokenizer, val_fraction=0.1, num_proc=1)
-            meta = data.read_meta(out)
-            print(f"{out}: {tokenizer}, vocab {meta['vocab_size']}, "
-                  f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens")
+            print(f"wrote {out}:\n{data.summary(out)}")
 
 
 if __name__ == '__main__':

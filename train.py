@@ -5,7 +5,10 @@ Train a GPT with any attention variant, on one process or many (DDP).
     torchrun --standalone --nproc_per_node=8 train.py config/hfa.py
 
 A straight script in nanoGPT's manner: the variables below are the configuration, a
-config file or --key=value overrides change them (configurator.py). Every evaluation
+config file or --key=value overrides change them (configurator.py; --help lists them, and
+what a file or override sets is echoed). init_from='resume' takes the checkpoint's config
+as the default; init_from='gpt2'...'gpt2-xl' (or a Hugging Face folder) starts from GPT-2's
+weights, as nanoGPT's finetune and eval configs do. Every evaluation
 appends one JSON line to out_dir/log.jsonl; out_dir/ckpt.pt holds everything needed to
 resume exactly (model, optimizer, iteration, RNG and data-sampling state), written
 atomically so a crash mid-save leaves the previous checkpoint intact. SIGTERM/SIGINT
@@ -33,86 +36,155 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 import data
 import hardware
+import hub
 from errors import UserError
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values, nanoGPT's names (GPT-2 124M on OpenWebText)
 # I/O
-out_dir = 'out'
-eval_interval = 2000
-log_interval = 1
-eval_iters = 200
-eval_only = False               # evaluate once and exit
+out_dir = 'out'                 # where ckpt.pt, log.jsonl, train_log.jsonl and run.json go
+eval_interval = 2000            # evaluate (and maybe save) every this many iterations
+log_interval = 1                # print the training loss every this many iterations
+eval_iters = 200                # batches per split in each evaluation
+eval_only = False               # evaluate once and exit (writes nothing to out_dir)
 always_save_checkpoint = True   # else only when val loss improves
-init_from = 'scratch'           # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'           # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a Hugging Face GPT-2 folder
 keep_last = 0                   # also keep the last k checkpoints as ckpt_<iter>.pt
 # wandb logging (optional; works with WANDB_MODE=offline)
-wandb_log = False
-wandb_project = 'owt'
-wandb_run_name = 'gpt2'
+wandb_log = False               # log evaluations to Weights & Biases (imported only then)
+wandb_project = 'owt'           # wandb project
+wandb_run_name = 'gpt2'         # wandb run name; a resumed run continues the same wandb run
 # data
-dataset = 'openwebtext'
+dataset = 'openwebtext'         # data/<dataset>/{train,val}.bin
 data_dir = ''                   # default: data/<dataset> beside this script
-gradient_accumulation_steps = 5 * 8  # in total over all processes
+gradient_accumulation_steps = 5 * 8  # micro-steps per iteration, in total over all processes
 batch_size = 12                 # per process and micro-step
-block_size = 1024
+block_size = 1024               # context length in tokens
 # model
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
+n_layer = 12                    # transformer blocks
+n_head = 12                     # attention heads per layer
+n_embd = 768                    # embedding width
+dropout = 0.0                   # dropout everywhere (0 for pretraining, 0.1+ for finetuning)
+bias = False                    # biases in Linear and LayerNorm layers (GPT-2 has them)
 attention = 'sa'                # sa | linear | hfa_v1 | hfa_v2 | ha  (model.py)
 attn_layers = ''                # per-layer override, e.g. 'sa,sa,sa,ha'
 head_dim = 0                    # 0: n_embd // n_head
-linear_norm = False
-hfa_order = 2
-n_hfa_head = -1                 # -1: all heads HFA
-hfa_kron = 'auto'
-ha_order = 3
-ha_share_kv = False
-ha_window1 = 0
-ha_window2 = 0
+linear_norm = False             # linear: divide by the number of visible keys
+hfa_order = 2                   # HFA: number of score factors multiplied together
+n_hfa_head = -1                 # -1: all heads HFA; else that many HFA heads, the rest SA
+hfa_kron = 'auto'               # HFA through SDPA on Kronecker-lifted queries/keys: auto | on | off
+ha_order = 3                    # HA: n - 1 keys per score
+ha_share_kv = False             # HA with K2 = K1 and V2 = V1
+ha_window1 = 0                  # HA: j1 in the last w1 positions (0: full causal)
+ha_window2 = 0                  # HA: j2 in the last w2 positions (0: full causal)
 attn_window = 0                 # sliding window of sa, linear and hfa heads (0: full causal)
+kernel = 'auto'                 # auto | triton | torch: who computes linear, hfa, ha (kernels/)
 # adamw optimizer
-learning_rate = 6e-4
-max_iters = 600000
-weight_decay = 1e-1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0                 # 0 disables clipping
+learning_rate = 6e-4            # peak learning rate
+max_iters = 600000              # total training iterations
+weight_decay = 1e-1             # AdamW weight decay, on 2-D weights only
+beta1 = 0.9                     # AdamW beta1
+beta2 = 0.95                    # AdamW beta2
+grad_clip = 1.0                 # clip the gradient norm to this (0 disables clipping)
 # learning rate decay: linear warmup, then cosine down to min_lr
-decay_lr = True
-warmup_iters = 2000
-lr_decay_iters = 600000
-min_lr = 6e-5
+decay_lr = True                 # False: constant learning_rate
+warmup_iters = 2000             # linear warmup iterations
+lr_decay_iters = 600000         # cosine decay ends here (~ max_iters, per Chinchilla)
+min_lr = 6e-5                   # learning rate after the decay (~ learning_rate / 10)
 # DDP
 backend = 'nccl'                # on CPU gloo is used whatever this says
 ddp_timeout = 600               # seconds a collective may wait for a dead peer
 # system
 device = 'auto'                 # 'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-dtype = 'auto'                  # 'auto': bfloat16 on CUDA where supported, else float32
+dtype = 'auto'                  # 'auto' (bfloat16 on CUDA where supported, else float32), 'float32', 'bfloat16', 'float16'
 compile = False                 # torch.compile the model
-seed = 1337
+seed = 1337                     # seeds model init, data order and dropout
 skip_nonfinite = False          # skip (and count) steps with a NaN/inf loss or gradient (a sync per step)
 peak_flops = 0.0                # MFU denominator, FLOP/s per device; 0: hardware.py (CUDA table, else measured)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-config = configurator.load({k: globals()[k] for k in config_keys}, sys.argv[1:])
+defaults = {k: globals()[k] for k in config_keys}
+GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+def load_checkpoint(path):
+    if not path.exists():
+        raise UserError(f"no checkpoint at {path} to resume from; train with init_from='scratch' first")
+    try:  # tensors and plain containers only: loading never runs code
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.findall(r'GLOBAL ([\w.]+)', str(e)) or ['an object of unknown type']
+        raise UserError(f"checkpoint {path} holds objects other than tensors and plain containers "
+                        f"({found[0]}); refusing to load it, since that could run code")
+    except Exception as e:
+        raise UserError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}); "
+                        f"restore it from a backup or start with init_from='scratch'")
+
+
+config, applied = configurator.parse(defaults, sys.argv[1:], script=__file__)
+ckpt_path = Path(config['out_dir']) / 'ckpt.pt'
+ckpt, saved_config = None, {}
+if config['init_from'] == 'resume':  # the checkpoint's config is the default for every key it holds
+    ckpt = load_checkpoint(ckpt_path)
+    saved_config = {k: v for k, v in ckpt.get('config', {}).items() if k in defaults and k not in ('init_from', 'out_dir')}
+    config, applied = configurator.parse({**defaults, **saved_config}, sys.argv[1:], script=__file__)
 globals().update(config)
+set_by = {key: (arg if origin is None else origin) for key, _, arg, origin in applied}  # key -> what set it
+
+
+def refuse_architecture_changes(source, source_args):
+    """A config file or override that contradicts the model being loaded: one line, not ignored."""
+    for k, v in source_args.items():
+        if k in set_by and k in defaults and k in GPTConfig.__dataclass_fields__ and config[k] != v \
+                and k not in ('dropout', 'hfa_kron', 'block_size'):  # these may change; block_size may shrink
+            raise UserError(f"{k}={config[k]!r} (set by {set_by[k]}) contradicts {source}, which has {k}={v!r}; "
+                            f"its architecture is fixed: drop that setting, or train a new model in another out_dir")
+
+
+if ckpt is not None:
+    refuse_architecture_changes(f"the checkpoint {ckpt_path}", ckpt['model_args'])
+if int(os.environ.get('RANK', 0)) == 0:  # before DDP starts: only the first process speaks
+    if ckpt is not None:
+        print(f"Resuming: the config saved in {ckpt_path} is the default")
+    configurator.print_applied(applied)
+    changed = [f"{k} = {config[k]!r} (was {v!r})" for k, v in saved_config.items() if config[k] != v]
+    if changed:
+        print(f"Changed from the checkpoint's config: {', '.join(changed)}")
 # -----------------------------------------------------------------------------
 
-if init_from not in ('scratch', 'resume'):
-    raise UserError(f"init_from must be 'scratch' or 'resume', not {init_from!r}")
+if init_from not in ('scratch', 'resume', *GPT2_NAMES) and not (Path(init_from) / 'config.json').is_file():
+    raise UserError(f"init_from must be 'scratch', 'resume', one of {', '.join(GPT2_NAMES)} or a folder "
+                    f"holding a Hugging Face GPT-2 (config.json), not {init_from!r}")
+if init_from not in ('scratch', 'resume') and (attention != 'sa' or attn_layers):
+    raise UserError(f"init_from={init_from!r} loads GPT-2's softmax attention weights; attention must be 'sa' "
+                    f"(got attention={attention!r}{f', attn_layers={attn_layers!r}' * bool(attn_layers)})")
+if dtype not in ('auto', *DTYPES):
+    raise UserError(f"dtype={dtype!r} is not a dtype name; valid: auto, {', '.join(DTYPES)}")
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', device):
+    raise UserError(f"device={device!r} is not a device name; valid: auto, cpu, cuda, cuda:N, mps")
 if device.startswith('cuda') and not torch.cuda.is_available():
     raise UserError(f"device={device!r} but CUDA is not available here; use --device=cpu (or auto)")
+if device.startswith('cuda:') and int(device[5:]) >= torch.cuda.device_count():
+    raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+if device == 'mps' and not torch.backends.mps.is_available():
+    raise UserError("device='mps' but MPS (Apple GPU) is not available here; use --device=cpu (or auto)")
+if wandb_log and int(os.environ.get('RANK', 0)) == 0:
+    try:
+        import wandb  # only when asked for: the package is optional at run time
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb "
+                        "(WANDB_MODE=offline logs without an account)")
 
 ddp = int(os.environ.get('RANK', -1)) != -1
 if ddp:
     rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+    if gradient_accumulation_steps % world_size:  # before the process group: every process exits at once
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
+                        f"the {world_size} processes; make it a multiple")
     if device.startswith('cuda'):
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
@@ -120,9 +192,6 @@ if ddp:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get('LOCAL_WORLD_SIZE', world_size))))
     dist.init_process_group(backend=backend if device.startswith('cuda') else 'gloo',
                             timeout=timedelta(seconds=ddp_timeout))
-    if gradient_accumulation_steps % world_size:
-        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
-                        f"the {world_size} processes; make it a multiple")
 else:
     rank, local_rank, world_size = 0, 0, 1
 master = rank == 0
@@ -131,13 +200,12 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 device_type = 'cuda' if device.startswith('cuda') else device
 if dtype == 'auto':
     dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ptdtype = DTYPES[dtype]
 ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
 torch.manual_seed(seed + rank)  # model init is broadcast by DDP; the offset decorrelates dropout
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 out = Path(out_dir)
-ckpt_path = out / 'ckpt.pt'
 if master:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -181,21 +249,7 @@ def to_device(x, y):
 
 
 # -----------------------------------------------------------------------------
-# model, optimizer, and the checkpoint to resume from
-
-def load_checkpoint(path):
-    if not path.exists():
-        raise UserError(f"no checkpoint at {path} to resume from; train with init_from='scratch' first")
-    try:  # tensors and plain containers only: loading never runs code
-        return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.findall(r'GLOBAL ([\w.]+)', str(e)) or ['an object of unknown type']
-        raise UserError(f"checkpoint {path} holds objects other than tensors and plain containers "
-                        f"({found[0]}); refusing to load it, since that could run code")
-    except Exception as e:
-        raise UserError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}); "
-                        f"restore it from a backup or start with init_from='scratch'")
-
+# model, optimizer, and the checkpoint to resume from (or the GPT-2 weights to start from)
 
 meta_for_ckpt = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
 if isinstance(meta_for_ckpt.get('itos'), dict):  # nanoGPT meta.pkl stores {int: str}
@@ -205,9 +259,8 @@ model_args = {k: config[k] for k in model_keys}
 model_args['vocab_size'] = meta['vocab_size'] if 'vocab_size' in meta else 50304
 if meta.get('tokenizer') == 'gpt2' and model_args['vocab_size'] == 50257:
     model_args['vocab_size'] = 50304  # nanoGPT: pad GPT-2's vocabulary to a multiple of 64
-iter_num, best_val_loss, ckpt = 0, 1e9, None
+iter_num, best_val_loss, pretrained = 0, 1e9, None
 if init_from == 'resume':
-    ckpt = load_checkpoint(ckpt_path)
     ckpt_tok = ckpt.get('tokenizer', {})
     other_chars = 'itos' in ckpt_tok and ckpt_tok['itos'] != meta_for_ckpt.get('itos')  # same size, other characters
     if ckpt_tok.get('tokenizer') != meta.get('tokenizer') or \
@@ -216,15 +269,30 @@ if init_from == 'resume':
                         f"(vocab {ckpt['model_args']['vocab_size']}) but {data_path} uses {meta.get('tokenizer')!r} "
                         f"(vocab {meta['vocab_size']}{', other characters' * (ckpt['model_args']['vocab_size'] == meta['vocab_size'])}); "
                         f"use the dataset the checkpoint was trained on")
-    model_args = ckpt['model_args']  # the architecture is the checkpoint's
+    model_args = dict(ckpt['model_args'])  # the architecture is the checkpoint's; dropout may change
+    model_args.update({k: config[k] for k in ('dropout', 'hfa_kron') if k in model_args})
+    model_args['kernel'] = kernel  # not architecture: this run's choice
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+elif init_from != 'scratch':  # GPT-2 weights (nanoGPT's finetune and eval configs)
+    if meta.get('tokenizer') != 'gpt2':
+        raise UserError(f"init_from={init_from!r} needs GPT-2 tokens, but {data_path} was prepared with the "
+                        f"{meta.get('tokenizer')!r} tokenizer; prepare it with --tokenizer=gpt2")
+    try:
+        pretrained = GPT.from_pretrained(init_from, dict(dropout=dropout))
+    except (ValueError, OSError, ImportError) as e:
+        raise UserError(f"could not load GPT-2 weights {init_from!r} ({hub.first_line(e)})" + (
+            "; offline: give init_from a folder saved by transformers' save_pretrained, or the name of "
+            "a model already in the Hugging Face cache (HF_HOME)" if hub.offline_now() else ''))
+    refuse_architecture_changes(f"the GPT-2 weights {init_from!r}", asdict(pretrained.config))
+    model_args = asdict(pretrained.config)
 try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
     raise UserError(str(e))
 if block_size > gptconf.block_size:
-    raise UserError(f"block_size={block_size} exceeds the checkpoint's {gptconf.block_size}")
-model = GPT(gptconf)
+    raise UserError(f"block_size={block_size} exceeds the model's {gptconf.block_size} "
+                    f"({'the checkpoint' if ckpt else init_from}); lower block_size")
+model = pretrained or GPT(gptconf)
 if ckpt is not None:
     model.load_state_dict(ckpt['model'])
 model.to(device)
@@ -303,6 +371,7 @@ def save_checkpoint():
         'elapsed_s': elapsed(), 'train_time_s': train_time, 'untimed_iters': untimed_iters,
         'skipped_steps': skipped_steps,
         'evaluated': last.get('iter') == iter_num,  # False when a signal stopped the run before this eval
+        'wandb_run_id': wandb_run_id,  # a resumed run logs on into the same wandb run
     }
     tmp = out / 'ckpt.pt.tmp'
     with open(tmp, 'wb') as f:
@@ -324,6 +393,7 @@ def save_checkpoint():
         os.link(ckpt_path, kept) if not kept.exists() else None
         for old in sorted(out.glob('ckpt_*.pt'))[:-keep_last]:
             old.unlink()
+    print(f"checkpoint saved to {ckpt_path} (iteration {iter_num})")
 
 
 # fault injection, for tests/test_reliability.py only: NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]] makes
@@ -366,10 +436,24 @@ def on_signal(signum, frame):
 signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
 
-wandb = None
-if wandb_log and master:
-    import wandb
-    wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume='allow')
+wandb_run_id = ckpt.get('wandb_run_id') if ckpt else None
+if not (wandb_log and master):
+    wandb = None
+else:  # imported above; the run id in the checkpoint continues the same wandb run on resume
+    wandb_run_id = wandb.init(project=wandb_project, name=wandb_run_name, config=config,
+                              id=wandb_run_id, resume='allow').id
+
+
+def wandb_record(rec):
+    """An evaluation under nanoGPT's wandb keys (iter, train/loss, val/loss, lr, mfu in percent),
+    with val/ppl, tokens and tokens_per_s beside them."""
+    keys = {'iter': 'iter', 'train_loss': 'train/loss', 'val_loss': 'val/loss', 'val_ppl': 'val/ppl',
+            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s'}
+    logged = {name: rec[k] for k, name in keys.items() if rec.get(k) is not None}
+    if rec.get('mfu') is not None:
+        logged['mfu'] = 100 * rec['mfu']
+    return logged
+
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -379,7 +463,8 @@ if wandb_log and master:
 # collective besides DDP's own) and copied to the host in the background; it is read during
 # the next step's first forward, or at once at a log line, before an evaluation or a save,
 # and at the end, where the host waits for the device as nanoGPT's does at its log lines.
-# So a non-finite step stops the run at the latest one step later, before anything is saved.
+# So on a GPU a non-finite step, or a stop signal under DDP, takes effect at the latest one
+# step later, and never after a save. On CPU every step is read at once (it costs nothing).
 elapsed_before = ckpt['elapsed_s'] if ckpt else 0.0
 train_time = ckpt['train_time_s'] if ckpt else 0.0  # seconds of timed steps, over all sessions
 untimed_iters = ckpt.get('untimed_iters', 0) if ckpt else 0  # each session's first step: not in train_time
@@ -389,7 +474,11 @@ elapsed = lambda: elapsed_before + time.time() - session_start
 start_iter = iter_num
 saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint this run wrote or resumed
 evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: skip a repeat of that eval
-if master:
+peak = peak_source = None
+if master:  # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
+    peak, peak_source = hardware.peak_flops(device, peak_flops)
+    print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
+if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
     if ckpt is not None:
         trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] < iter_num + evaluated_at_start)
         trim_jsonl(out / 'train_log.jsonl', lambda r: r['iter'] < iter_num)
@@ -397,14 +486,9 @@ if master:
     else:
         for name in ('log.jsonl', 'train_log.jsonl'):
             (out / name).unlink(missing_ok=True)
-    # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
-    peak, peak_source = hardware.peak_flops(device, peak_flops)
-    print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
     (out / 'run.json').write_text(json.dumps({'config': config, 'model_args': asdict(gptconf), 'params': n_params,
                                               'flops_per_token': flops_per_token, 'world_size': world_size,
                                               'peak_flops': peak, 'peak_flops_source': peak_source}, indent=1))
-else:
-    peak = None
 del ckpt
 
 
@@ -468,7 +552,7 @@ while True:
         group['lr'] = lr
 
     # evaluate (not again at the iteration just resumed from: its line is already logged)
-    if (iter_num % eval_interval == 0 or iter_num >= max_iters) and (iter_num != start_iter or not evaluated_at_start or eval_only):
+    if (iter_num % eval_interval == 0 or iter_num >= max_iters or eval_only) and (iter_num != start_iter or not evaluated_at_start or eval_only):
         losses = estimate_loss()
         timed_tokens = (iter_num - untimed_iters) * tokens_per_iter
         last = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val'],
@@ -476,13 +560,14 @@ while True:
                 'elapsed_s': round(elapsed(), 3),
                 'tokens_per_s': round(timed_tokens / train_time, 1) if train_time else None,
                 'params': n_params, 'flops_per_token': flops_per_token, 'skipped_steps': skipped_steps}
-        last['mfu'] = round(mfu(last['tokens_per_s']), 4) if master and last['tokens_per_s'] else None
+        last['mfu'] = mfu(last['tokens_per_s']) and round(mfu(last['tokens_per_s']), 4)
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                   f"val ppl {last['val_ppl']:.2f}")
-            append_jsonl(out / 'log.jsonl', last)
+            if not eval_only:
+                append_jsonl(out / 'log.jsonl', last)
             if wandb:
-                wandb.log({k: v for k, v in last.items() if v is not None})
+                wandb.log(wandb_record(last))
         if losses['val'] < best_val_loss or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > start_iter:
@@ -539,9 +624,10 @@ while True:
     iter_num += 1
 
     # read the numbers (and so wait for the device) at a log line, before an evaluation or a
-    # save, at the end, and after the first step, whose time is kept apart
+    # save, at the end, and after the first step, whose time is kept apart; on CPU, where
+    # nothing runs ahead, after every step (so DDP on CPU stops right after the signal's step)
     stop = stop_agreed if ddp else stop_signal is not None
-    if first or log_now or stop or iter_num % eval_interval == 0 or iter_num >= max_iters:
+    if device_type == 'cpu' or first or log_now or stop or iter_num % eval_interval == 0 or iter_num >= max_iters:
         sync()
         step['dt'] = time.time() - t0
         loss = read_pending()

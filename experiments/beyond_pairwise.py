@@ -32,7 +32,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt
+from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPTConfig, make_attention  # noqa: E402  (the project's attention classes)
@@ -174,27 +174,28 @@ def main(argv=None):
     p.add_argument("--out", default="results/beyond_pairwise")
     args = p.parse_args(argv)
     if args.quick:
-        args.B, args.B_test, args.steps, args.seeds = 300, 100, 30, 2
+        # seconds, yet long enough for each task's winner to show (tests/test_interactions.py)
+        args.B, args.B_test, args.steps, args.seeds, args.lr = 600, 200, 200, 2, 1e-2
 
-    torch.set_num_threads(1)  # tiny tensors on a shared CPU: threads only add overhead
-    results = {"config": vars(args).copy(),
-               "optimiser": f"Adam lr {args.lr}, cosine decay, {args.steps} steps, batch {args.batch}",
-               "attention": "model.make_attention, n_head=1, causal=False, softmax=False, bias=False"}
-    coupled = lambda B, t, g: coupled_task(B, args.L, args.Na, args.Nb, t, g)  # noqa: E731
-    tabs_a = lambda g: (torch.randn(args.Na, args.Na, generator=g),        # noqa: E731
-                        torch.randn(args.Nb, args.Nb, generator=g))
-    results["coupled_features"] = compare("coupled", ["linear", "hfa_v1"], args, tabs_a, coupled,
-                                          [args.Na, args.Nb])
-    threeway = lambda B, t, g: threeway_task(B, args.L3, args.N, t, g)  # noqa: E731
-    tabs_b = lambda g: threeway_tables(args.N, args.rank, g)  # noqa: E731
-    L_saved, args.L = args.L, args.L3
-    results["three_way"] = compare("3-way", ["linear", "hfa_v1", "ha"], args, tabs_b, threeway,
-                                   [args.N])
-    args.L = L_saved
-    savefig(figure({k: results[k] for k in ("coupled_features", "three_way")}), args.out,
-            "ia_beyond_pairwise.png")
-    save_results(args.out, results)
-    return results
+    with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
+        results = {"config": vars(args).copy(),
+                   "optimiser": f"Adam lr {args.lr}, cosine decay, {args.steps} steps, batch {args.batch}",
+                   "attention": "model.make_attention, n_head=1, causal=False, softmax=False, bias=False"}
+        coupled = lambda B, t, g: coupled_task(B, args.L, args.Na, args.Nb, t, g)  # noqa: E731
+        tabs_a = lambda g: (torch.randn(args.Na, args.Na, generator=g),        # noqa: E731
+                            torch.randn(args.Nb, args.Nb, generator=g))
+        results["coupled_features"] = compare("coupled", ["linear", "hfa_v1"], args, tabs_a, coupled,
+                                              [args.Na, args.Nb])
+        threeway = lambda B, t, g: threeway_task(B, args.L3, args.N, t, g)  # noqa: E731
+        tabs_b = lambda g: threeway_tables(args.N, args.rank, g)  # noqa: E731
+        L_saved, args.L = args.L, args.L3
+        results["three_way"] = compare("3-way", ["linear", "hfa_v1", "ha"], args, tabs_b, threeway,
+                                       [args.N])
+        args.L = L_saved
+        savefig(figure({k: results[k] for k in ("coupled_features", "three_way")}), args.out,
+                "ia_beyond_pairwise.png")
+        save_results(args.out, results)
+        return results
 
 
 if __name__ == "__main__":

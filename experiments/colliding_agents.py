@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from experiments.common import Timer, save_results, savefig, seed_all, plt
+from experiments.common import Timer, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # data
@@ -226,21 +226,45 @@ def run_one(args, kind, init, gen, data, tests):
 
 
 def figure(model, kind, args):
-    """Devised C, learned C, devised Ct*Wt, learned Ct*Wt (cf. [IA] Fig. 2-3)."""
+    """Devised C, learned C, devised Ct*Wt, learned Ct*Wt (cf. [IA] Fig. 2-3); each devised/learned
+    pair shares one colour scale, so the two panels compare by eye."""
     ref = set_params(LinearSA(model.P), *devised(args.N, args.R, kind))
     # the sinusoidal C is diagonal with small entries: zoom in so the structure is visible
     k = args.N if kind == "onehot" else min(args.N, 40)
     zoom = "" if k == args.N else f" [:{k}, :{k}]"
-    panels = [(f"devised C{zoom}", ref.C[:k, :k]), (f"learned C{zoom}", model.C[:k, :k]),
-              ("devised Ct*Wt", ref.interaction()), ("learned Ct*Wt", model.interaction())]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    fig.subplots_adjust(wspace=0.35)
-    for ax, (title, A) in zip(axes, panels):
-        A = A.detach().numpy()
-        v = abs(A).max()
-        im = ax.imshow(A, cmap="RdBu_r", vmin=-v, vmax=v)
-        ax.set_title(f"{kind}: {title}")
-        fig.colorbar(im, ax=ax, fraction=0.046)
+    coord = "ring position" if kind == "onehot" else "embedding coordinate"
+    pairs = [((f"devised C{zoom}", ref.C[:k, :k]), (f"learned C{zoom}", model.C[:k, :k]), (coord, coord)),
+             (("devised Ct*Wt", ref.interaction()), ("learned Ct*Wt", model.interaction()),
+              ("position of agent i", "position of agent j"))]
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.6), layout="constrained")
+    for p, (a, b, (rows, cols)) in enumerate(pairs):
+        mats = [a[1].detach().numpy(), b[1].detach().numpy()]
+        v = max(abs(m).max() for m in mats)
+        for ax, (title, _), A in zip(axes[2 * p:2 * p + 2], (a, b), mats):
+            im = ax.imshow(A, cmap="RdBu_r", vmin=-v, vmax=v)
+            ax.set(title=f"{kind}: {title}", xlabel=f"{cols} (column)", ylabel=f"{rows} (row)")
+        fig.colorbar(im, ax=list(axes[2 * p:2 * p + 2]), shrink=0.8, label="one scale for both panels")
+    return fig
+
+
+def length_figure(results):
+    """The headline: test MSE against the test length L, for every run (all trained at one L)."""
+    cfg = results["config"]
+    fig, ax = plt.subplots(figsize=(6.6, 4.3))
+    for run in results["runs"]:
+        lengths = sorted(run["test_mse"], key=int)
+        ax.plot([int(L) for L in lengths], [run["test_mse"][L] for L in lengths],
+                "-" if run["init"] == "theory" else "--", marker="o", ms=4,
+                label=f"{run['embedding']}, {run['init']} init")
+    ax.axhline(1e-7, color="k", lw=0.8, ls="-.", label="[IA] reported, ~1e-7")
+    ax.axvline(cfg["L"], color="grey", lw=0.8, ls=":")
+    ax.text(cfg["L"], 0.5, f" trained at L = {cfg['L']}", color="grey", fontsize=8,
+            transform=ax.get_xaxis_transform())
+    ax.set(yscale="log", xlabel="test sequence length L (agents)", ylabel="test MSE",
+           title=f"Length generalisation, colliding agents (N = {cfg['N']}, R = {cfg['R']})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 
@@ -265,29 +289,28 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.N, args.R, args.L, args.B, args.B_test, args.steps = 24, 1, 6, 600, 200, 60
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    gen = seed_all(args.seed)
-    data = make_data(args.B, args.L, args.N, args.R, gen)
-    lengths = [int(x) for x in args.test_lengths.split(",")]
-    tests = {L: make_data(args.B_test, L, args.N, args.R, gen) for L in lengths}
-    results = {"config": vars(args).copy(),
-               "optimiser": (f"full-batch L-BFGS (strong Wolfe, history 50), {args.steps} iterations, float64"
-                             if args.optim == "lbfgs" else
-                             f"full-batch Adam lr {args.lr}, cosine decay, {args.steps} steps, float64"),
-               "target_var": data[1].var().item(), "runs": []}
-    for kind in args.embeddings.split(","):
-        for init in args.inits.split(","):
-            model, res = run_one(args, kind, init, gen, data, tests)
-            results["runs"].append(res)
-            print(f"{kind:10s} {init:6s} train {res['train_mse']:.2e} "
-                  f"test {' '.join(f'L{L}:{v:.1e}' for L, v in res['test_mse'].items())} "
-                  f"equiv {res['equivalence_msd']:.2e} ({res['train_seconds']} s)", flush=True)
-            if init == "theory":
-                savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
-            save_results(args.out, results)  # after every run: long jobs keep partial results
-    return results
+    with torch_threads(args.threads):
+        gen = seed_all(args.seed)
+        data = make_data(args.B, args.L, args.N, args.R, gen)
+        lengths = [int(x) for x in args.test_lengths.split(",")]
+        tests = {L: make_data(args.B_test, L, args.N, args.R, gen) for L in lengths}
+        results = {"config": vars(args).copy(),
+                   "optimiser": (f"full-batch L-BFGS (strong Wolfe, history 50), {args.steps} iterations, float64"
+                                 if args.optim == "lbfgs" else
+                                 f"full-batch Adam lr {args.lr}, cosine decay, {args.steps} steps, float64"),
+                   "target_var": data[1].var().item(), "runs": []}
+        for kind in args.embeddings.split(","):
+            for init in args.inits.split(","):
+                model, res = run_one(args, kind, init, gen, data, tests)
+                results["runs"].append(res)
+                print(f"{kind:10s} {init:6s} train {res['train_mse']:.2e} "
+                      f"test {' '.join(f'L{L}:{v:.1e}' for L, v in res['test_mse'].items())} "
+                      f"equiv {res['equivalence_msd']:.2e} ({res['train_seconds']} s)", flush=True)
+                if init == "theory":
+                    savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
+                save_results(args.out, results)  # after every run: long jobs keep partial results
+        savefig(length_figure(results), args.out, "ia_colliding_length.png")
+        return results
 
 
 if __name__ == "__main__":

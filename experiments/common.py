@@ -60,3 +60,20 @@ def mean_std(xs):
     xs = np.asarray(xs, dtype=float)
     return {"mean": float(xs.mean()), "std": float(xs.std(ddof=1)) if len(xs) > 1 else 0.0,
             "values": xs.tolist()}
+
+
+class torch_threads:
+    """Run with n torch threads (0: leave as is), then put the previous number back, so an
+    experiment called from Python (the tests) leaves the caller's thread count alone."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        if self.n:
+            torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.before)

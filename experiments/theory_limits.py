@@ -39,7 +39,7 @@ import os
 import torch
 
 from experiments.colliding_agents import LinearSA, train
-from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt
+from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # (a) non-versatile data
@@ -324,17 +324,17 @@ def main(argv=None):
         args.N_b, args.L_b, args.B_b, args.B_test = 10, 4, 200, 100
         args.test_lengths_b, args.steps_b_lbfgs, args.steps_b_adam = "2,4,6", 30, 60
         args.L_b_range, args.seeds_b = "3,4", 1
-    torch.set_num_threads(1)  # tiny tensors on a shared CPU: threads only add overhead
-    gen = seed_all(args.seed)
-    results = {"config": vars(args).copy(),
-               "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "
-                            "ReLU model: full-batch Adam, cosine decay",
-               "versatility": versatility(args, gen)}
-    gp = genotype(args, gen)
-    results["genotype_phenotype"] = gp
-    savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png")
-    save_results(args.out, results)
-    return results
+    with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
+        gen = seed_all(args.seed)
+        results = {"config": vars(args).copy(),
+                   "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "
+                                "ReLU model: full-batch Adam, cosine decay",
+                   "versatility": versatility(args, gen)}
+        gp = genotype(args, gen)
+        results["genotype_phenotype"] = gp
+        savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png")
+        save_results(args.out, results)
+        return results
 
 
 if __name__ == "__main__":

@@ -1,5 +1,95 @@
-"""Make the repository root importable (model.py, hyperattention.py) however pytest is invoked."""
-import os
-import sys
+"""Shared by every test: the repository root is importable (model.py, kernels/) however
+pytest is invoked, and the session leaves no trace.
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+- kernels is loaded first: on a machine without CUDA it imports triton with the interpreter
+  on (TRITON_INTERPRET for that import only), which must happen before anything else imports
+  triton, so that the Triton kernels can be tested on CPU tensors.
+
+- Caches live in one temporary folder for the session: ours (NANOHFA_CACHE), tiktoken's,
+  Hugging Face's, wandb's, matplotlib's, pip's, triton's. They are set in this process's
+  environment, which the scripts the tests start inherit; the user's shell is untouched and
+  the folder is removed at the end. No test reaches the Hugging Face Hub (offline mode on;
+  a test that checks the offline probe itself takes these variables out for its subprocess).
+- Every test must leave torch's default dtype, its thread count and the environment as it
+  found them (`_leaves_global_state_alone`); a test that changes one fails in its teardown.
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SESSION_DIR = tempfile.mkdtemp(prefix='nanohfa-tests-')
+_ENV_BEFORE = dict(os.environ)
+SESSION_ENV = {
+    'NANOHFA_CACHE': os.path.join(SESSION_DIR, 'nanohfa'),
+    'TIKTOKEN_CACHE_DIR': os.path.join(SESSION_DIR, 'nanohfa', 'tiktoken'),
+    'HF_HOME': os.path.join(SESSION_DIR, 'hf'),
+    'HF_HUB_CACHE': os.path.join(SESSION_DIR, 'hf', 'hub'),
+    'HF_DATASETS_CACHE': os.path.join(SESSION_DIR, 'hf', 'datasets'),
+    'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1',
+    'WANDB_MODE': 'offline', 'WANDB_DIR': os.path.join(SESSION_DIR, 'wandb'),
+    'WANDB_CACHE_DIR': os.path.join(SESSION_DIR, 'wandb', 'cache'),
+    'WANDB_CONFIG_DIR': os.path.join(SESSION_DIR, 'wandb', 'config'),
+    'WANDB_DATA_DIR': os.path.join(SESSION_DIR, 'wandb', 'data'),
+    'MPLCONFIGDIR': os.path.join(SESSION_DIR, 'matplotlib'),
+    'PIP_CACHE_DIR': os.path.join(SESSION_DIR, 'pip'),
+    'TRITON_CACHE_DIR': os.path.join(SESSION_DIR, 'triton'),
+    'TORCHINDUCTOR_CACHE_DIR': os.path.join(SESSION_DIR, 'inductor'),
+    'XDG_CACHE_HOME': os.path.join(SESSION_DIR, 'xdg'),
+    'HF_HUB_DISABLE_TELEMETRY': '1',
+}
+os.environ.update(SESSION_ENV)
+for d in ('WANDB_DIR', 'MPLCONFIGDIR'):
+    os.makedirs(SESSION_ENV[d], exist_ok=True)
+
+# GPT-2's ranks, if this checkout already holds them, are copied (read, not written) so the
+# session need not fetch them again; tokenizer.py checks their sha256 either way
+_ranks = os.path.join(ROOT, 'cache', 'tiktoken')
+if os.path.isdir(_ranks):
+    shutil.copytree(_ranks, SESSION_ENV['TIKTOKEN_CACHE_DIR'], dirs_exist_ok=True)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
+    os.environ.clear()
+    os.environ.update(_ENV_BEFORE)
+
+
+def _state():
+    import torch
+    env = {k: v for k, v in os.environ.items() if k != 'PYTEST_CURRENT_TEST'}  # pytest's own, per phase
+    return torch.get_default_dtype(), torch.get_num_threads(), env
+
+
+import kernels  # noqa: E402
+
+kernels.load_triton()
+_STATE_AT_START = _state()
+
+
+def _changes(before, after):
+    (dtype, threads, env), (dtype2, threads2, env2) = before, after
+    keys = sorted(k for k in env.keys() | env2.keys() if env.get(k) != env2.get(k))
+    return [f"default dtype {dtype} -> {dtype2}"] * (dtype != dtype2) + \
+        [f"threads {threads} -> {threads2}"] * (threads != threads2) + \
+        [f"environment variables {keys}"] * bool(keys)
+
+
+def pytest_collection_finish(session):
+    """Importing a test module (and what it imports) must not change global state either."""
+    changed = _changes(_STATE_AT_START, _state())
+    if changed:
+        raise pytest.UsageError(f"importing the test modules changed global state: {'; '.join(changed)}")
+
+
+@pytest.fixture(autouse=True)
+def _leaves_global_state_alone():
+    before = _state()
+    yield
+    changed = _changes(before, _state())
+    assert not changed, f"the test changed global state: {'; '.join(changed)}"

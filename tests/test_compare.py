@@ -184,3 +184,18 @@ def test_refuses_runs_made_with_other_settings(grid, tiny):
     out, _ = grid
     with pytest.raises(SystemExit, match='learning_rate'):
         compare.main(argv(tiny, '--variants', 'sa', '--seeds', '1', '--out', str(out), '--learning_rate=0.5'))
+
+
+def test_welch_p_is_welch_not_student():
+    """Unequal variances and sizes: Welch's test (Satterthwaite's df, unpooled variance) and
+    Student's (pooled) give different p-values; welch_p must be Welch's, from the formula."""
+    a, b = [1.0, 1.1, 0.9, 1.05, 0.95], [2.0, 5.0, 0.5]
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    t = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    welch = 2 * stats.t.sf(abs(t), df)
+    pooled = ((len(a) - 1) * np.var(a, ddof=1) + (len(b) - 1) * np.var(b, ddof=1)) / (len(a) + len(b) - 2)
+    t_s = (np.mean(a) - np.mean(b)) / math.sqrt(pooled * (1 / len(a) + 1 / len(b)))
+    student = 2 * stats.t.sf(abs(t_s), len(a) + len(b) - 2)
+    assert abs(welch - student) > 0.05  # the case tells the two tests apart
+    assert compare.welch_p(a, b) == pytest.approx(welch, rel=1e-9)

@@ -264,6 +264,98 @@ def test_train_writes_log_and_checkpoint_and_resume_continues_the_curve(char_dat
     assert [r['val_loss'] for r in read_jsonl(part / 'log.jsonl')] == [r['val_loss'] for r in log]
 
 
+def test_log_says_where_the_checkpoint_went(char_data, tmp_path):
+    out = tmp_path / 'run'
+    r = run(tiny_args(char_data, out, max_iters=4))
+    saves = [l for l in r.stdout.splitlines() if l.startswith('checkpoint saved to')]
+    assert saves == [f"checkpoint saved to {out / 'ckpt.pt'} (iteration 4)"]  # evaluated at 0 and 4, saved at 4
+
+
+def test_eval_only_resume_evaluates_at_any_iteration(char_data, tmp_path):
+    """The saved iteration (6) is no multiple of eval_interval (4): eval_only still evaluates and
+    prints, and leaves the run's files as they were."""
+    out = tmp_path / 'run'
+    run(tiny_args(char_data, out, max_iters=6))
+    files = {p: p.read_bytes() for p in out.iterdir()}
+    r = run(tiny_args(char_data, out, init_from='resume', eval_only=True))
+    step = [l for l in r.stdout.splitlines() if l.startswith('step ')]
+    assert len(step) == 1 and step[0].startswith('step 6: train loss ')
+    assert f"{read_jsonl(out / 'log.jsonl')[-1]['val_loss']:.4f}" in step[0]  # the same model, the same windows
+    assert {p: p.read_bytes() for p in out.iterdir()} == files
+
+
+def test_resume_takes_its_config_from_the_checkpoint(char_data, tmp_path):
+    """Resuming with only --init_from=resume (and out_dir) continues the run with its own data,
+    model and batch; what an override changes is printed."""
+    full, part = tmp_path / 'full', tmp_path / 'part'
+    run(tiny_args(char_data, full, max_iters=8))
+    run(tiny_args(char_data, part, max_iters=4))
+    r = run(['train.py', f'--out_dir={part}', '--init_from=resume', '--max_iters=8'])
+    assert f"Resuming: the config saved in {part / 'ckpt.pt'} is the default" in r.stdout
+    assert "Changed from the checkpoint's config: max_iters = 8 (was 4)" in r.stdout
+    assert 'tokens per iteration: 128 (2 x 4 x 16, 1 process)' in r.stdout  # not openwebtext's 491,520
+    losses = lambda p: [rec['loss'] for rec in read_jsonl(p / 'train_log.jsonl')]
+    assert losses(part) == losses(full)
+    r = run(['train.py', f'--out_dir={part}', '--init_from=resume', '--max_iters=10', '--batch_size=8'])
+    assert "Changed from the checkpoint's config: batch_size = 8 (was 4), max_iters = 10 (was 8)" in r.stdout
+    assert 'tokens per iteration: 256 (2 x 8 x 16, 1 process)' in r.stdout
+
+
+def test_config_file_echo_names_inherited_values():
+    """nanoGPT echoes what a config file sets; here a file may inherit through
+    `from config.cpu_sa import *`, and the echo says which file a value came from."""
+    path = os.path.relpath(ROOT / 'config' / 'cpu_hfa.py')
+    cfg, applied = configurator.parse(script_defaults('train.py'), [path, '--max_iters=3'])
+    by_key = {k: (v, arg, origin) for k, v, arg, origin in applied}
+    assert by_key['attention'] == ('hfa_v1', path, path)
+    assert by_key['n_layer'][0] == 4 and by_key['n_layer'][2].endswith(os.path.join('config', 'cpu_sa.py'))
+    assert by_key['max_iters'] == (3, '--max_iters=3', None) and cfg['max_iters'] == 3
+    import contextlib
+    import io
+    echo = io.StringIO()
+    with contextlib.redirect_stdout(echo):
+        configurator.print_applied(applied)
+    lines = echo.getvalue().splitlines()
+    assert lines[0] == f"Overriding config with {path}:"
+    assert f"  n_layer = 4  (from {by_key['n_layer'][2]})" in lines and "  attention = 'hfa_v1'" in lines
+    assert lines[-1] == "Overriding: max_iters = 3"
+
+
+def script_defaults(script):
+    """A script's configuration variables and their defaults, read from its source: the
+    top-level assignments of plain values (int, float, bool, str) that evaluate on their own."""
+    import ast
+    out = {}
+    for node in ast.parse((ROOT / script).read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                value = eval(compile(ast.Expression(node.value), script, 'eval'), {'__builtins__': {}})
+            except Exception:
+                continue
+            if isinstance(value, (int, float, bool, str)) and not node.targets[0].id.startswith('_'):
+                out[node.targets[0].id] = value
+    return out
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py'])
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_every_key_with_default_and_comment(script, flag):
+    r = run([script, flag])
+    assert r.returncode == 0 and r.stdout.startswith(f'usage: python {script}') and not r.stderr
+    expected = script_defaults(script)
+    assert len(expected) > 8
+    listed = {}
+    for line in r.stdout.splitlines():
+        key, eq, rest = line.strip().partition(' = ')
+        if line.startswith('  ') and eq and key in expected:
+            listed[key] = rest
+    assert listed.keys() == expected.keys()
+    for key, rest in listed.items():
+        default_text = repr(expected[key])
+        assert rest.startswith(default_text), (key, rest)
+        assert rest[len(default_text):].strip(), f"{key} has no comment in {script}"
+
+
 def test_two_process_torchrun_matches_one_process(char_data, tmp_path):
     one, two = tmp_path / 'one', tmp_path / 'two'
     run(tiny_args(char_data, one, max_iters=4, eval_interval=2))
@@ -285,11 +377,14 @@ def test_sampling_is_reproducible(char_data, tmp_path):
     out = tmp_path / 'run'
     run(tiny_args(char_data, out, max_iters=4))
     args = ['sample.py', f'--out_dir={out}', '--start=First', '--max_new_tokens=30', '--device=cpu']
-    a, b = run(args).stdout, run(args).stdout
-    c = run(args + ['--seed=7']).stdout
-    assert a == b and a.startswith('First')
-    assert a != c
-    assert run(args + ['--use_cache=False']).stdout == a  # the KV cache changes nothing
+    echo = [f"Overriding: out_dir = '{out}'", "Overriding: start = 'First'", "Overriding: max_new_tokens = 30",
+            "Overriding: device = 'cpu'"]
+    text = lambda r: r.stdout.split('\n', len(r.args) - 2)[-1]  # after the echo: a line per override
+    a, b = run(args), run(args)
+    assert a.stdout.splitlines()[:4] == echo
+    assert text(a) == text(b) and text(a).startswith('First')
+    assert text(run(args + ['--seed=7'])) != text(a)
+    assert text(run(args + ['--use_cache=False'])) == text(a)  # the KV cache changes nothing
 
 
 def test_missing_data_names_the_prepare_command(tmp_path):
@@ -304,10 +399,18 @@ def test_block_size_larger_than_data(char_data, tmp_path):
 
 
 def test_bad_input_under_torchrun_still_says_what_is_wrong(char_data, tmp_path):
-    """torch.distributed wraps the exception hook and buffers stderr; the message must get out."""
+    """torch.distributed wraps the exception hook and buffers stderr; the message must get out:
+    it is the first line of stderr, and torchrun's own report (which no worker can silence)
+    names it as the root cause instead of a link. The check runs before the process group
+    starts, so the workers exit at once."""
     r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
                         *tiny_args(char_data, tmp_path / 'o', gradient_accumulation_steps=3)],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    message = "error: gradient_accumulation_steps=3 is not divisible by the 2 processes; make it a multiple"
     assert r.returncode != 0
-    lines = [l for l in r.stderr.splitlines() if l.startswith('error:')]
-    assert lines == ["error: gradient_accumulation_steps=3 is not divisible by the 2 processes; make it a multiple"]
+    lines = r.stderr.splitlines()
+    assert lines[0] == message and [l for l in lines if l.startswith('error:')] == [message]
+    reported = [l.split(':', 1)[1].strip() for l in lines if l.strip().startswith('traceback :')]
+    assert reported and reported[-1] == message, r.stderr  # the root cause, last in the report
+    assert 'train.py", line' not in r.stderr  # no traceback from the workers
+    assert not (tmp_path / 'o').exists()  # stopped before anything was written

@@ -1,7 +1,7 @@
 """
 The fast kernels against their definitions (float64, tiny sizes), and the KV cache.
 
-- hyper_attention (blockwise, online softmax, recomputing backward; prefix sums without
+- the PyTorch HA kernels (blockwise, online softmax, recomputing backward; prefix sums without
   softmax) == hyper_attention_reference (every tuple materialised): outputs and gradients of
   q, k1, k2, v1, v2, for causal / non-causal, windows, decoding offsets, odd block sizes.
 - HFA: the Kronecker-lift SDPA path == explicit scores, outputs and gradients.
@@ -18,7 +18,8 @@ import sys
 import pytest
 import torch
 
-from hyperattention import _spans, hyper_attention, hyper_attention_reference, pair_masks
+from kernels.hyperattention import _spans, hyper_attention_reference, linear_hyper_attention, pair_masks
+from kernels.ops import hyper_attention as softmax_hyper_attention
 from model import GPT, GPTConfig, HFAHeads, KVCache
 
 DT = torch.float64
@@ -34,6 +35,15 @@ def inputs(Tq, Tk, seed, B=2, H=2, dh=5):
 def reference(q, k1, k2, v1, v2, offset, causal, w1, w2, softmax):
     masks = pair_masks(q.size(-2), k1.size(-2), offset, causal, w1, w2, q.device)
     return hyper_attention_reference(q, [k1, k2], [v1, v2], masks, softmax=softmax)
+
+
+def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2=0, softmax=True,
+                    block_q=0, block_k=0):
+    """The PyTorch order-3 kernels, softmax (blockwise op) or linear (prefix sums)."""
+    if not softmax:
+        return linear_hyper_attention(q, k1, k2, v1, v2, offset, causal, window1, window2)
+    return softmax_hyper_attention(q, k1, k2, v1, v2, offset, causal, window1, window2, 'torch',
+                                   block_q or 0, block_k or 0)
 
 
 def value_and_grads(f, x, seed):
@@ -104,6 +114,87 @@ def test_ha_kernel_float32_close_to_float64():
     want = hyper_attention(*x, block_q=4, block_k=8)
     got = hyper_attention(*[t.float() for t in x], block_q=4, block_k=8)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def rel_rmse(a, b):
+    return ((a.double() - b.double()).square().mean().sqrt() / b.double().square().mean().sqrt()).item()
+
+
+def low_precision_errors(f, x, dtype, seed):
+    """Relative RMSE of f's output and gradients on dtype inputs, against f in float64 on
+    the same (rounded) inputs."""
+    lo = [t.detach().to(dtype).requires_grad_() for t in x]
+    hi = [t.detach().double().requires_grad_() for t in lo]
+    got, want = value_and_grads(f, lo, seed), value_and_grads(f, hi, seed)
+    return [rel_rmse(a, b) for a, b in zip(got, want)]
+
+
+def sdpa_errors(Tq, Tk, dtype, seed, dh):
+    """The same errors for torch's own SDPA on inputs of the same size: the floor a kernel
+    in dtype is compared with."""
+    x = inputs(Tq, Tk, seed, dh=dh)[:3]
+    return low_precision_errors(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True), x, dtype, seed)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('windows', [(0, 0), (9, 4)])
+def test_ha_kernel_low_precision_within_2x_of_sdpa(dtype, windows):
+    """bf16 / fp16 inputs: statistics in fp32 and an exp floor that does not depend on the
+    dtype, so the output and every gradient are as close to float64 as SDPA's own."""
+    T, dh = 32, 16
+    x = inputs(T, T, seed=21, dh=dh)
+    got = low_precision_errors(lambda *t: hyper_attention(*t, window1=windows[0], window2=windows[1]), x, dtype, 3)
+    floor = sdpa_errors(T, T, dtype, 21, dh)
+    names = ['out', 'dq', 'dk1', 'dk2', 'dv1', 'dv2']
+    ref = [floor[0], floor[1], floor[2], floor[2], floor[3], floor[3]]
+    for name, e, f in zip(names, got, ref):
+        assert e <= 2 * f, f'{name}: relative RMSE {e:.2e} vs SDPA {f:.2e}'
+    assert all(t.dtype == dtype for t in value_and_grads(hyper_attention, [t.detach().to(dtype).requires_grad_() for t in x], 0))
+
+
+def test_ha_kernel_query_that_sees_nothing_gives_zero():
+    """A query whose windows hold no key (here the last ones, past the cache) gets 0 and
+    zero gradients, as SDPA; the others are unchanged."""
+    Tq, Tk, offset, w1, w2 = 4, 5, 3, 2, 2  # query 3 sits at 6: j >= 5 is past the keys
+    x = inputs(Tq, Tk, seed=8)
+    got = value_and_grads(lambda *t: hyper_attention(*t, offset=offset, window1=w1, window2=w2, block_q=2), x, 1)
+    want = value_and_grads(lambda *t: reference(*t, offset, True, w1, w2, True), x, 1)
+    assert torch.equal(got[0][:, :, -1], torch.zeros_like(got[0][:, :, -1]))
+    assert got[0][:, :, :-1].abs().min() > 0
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+SYNC_OPS = {'nonzero', '_local_scalar_dense', 'item', 'is_nonzero', 'equal', 'masked_select', 'unique',
+            '_unique2', 'unique_consecutive'}
+
+
+class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every aten op name run while active (a host-device sync is one of SYNC_OPS)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('windows', [(0, 0), (5, 3)])
+def test_ha_kernels_make_no_host_sync(windows):
+    """Block masks come from positions (Python ints), never from reading a tensor back:
+    no nonzero / item / int(tensor) in the forward or backward of either HA kernel."""
+    from kernels import hyperattention as H
+    flat = [t.detach().reshape(4, t.size(-2), t.size(-1)).float() for t in inputs(9, 12, seed=4)]
+    with OpRecorder() as rec:
+        out, lse, _ = H.ha3_forward(*flat, 3, True, *windows, 0.5, 4, 3)
+        H.ha3_backward(*flat, out, lse, torch.ones_like(out), 3, True, *windows, 0.5, 4, 3)
+        linear_hyper_attention(*flat, 3, True, *windows)
+    assert 'bmm' in rec.names  # the recorder sees the kernels' ops
+    assert not rec.names & SYNC_OPS, rec.names & SYNC_OPS
 
 
 # -----------------------------------------------------------------------------
@@ -211,4 +302,6 @@ def test_bench_quick_writes_json(tmp_path):
     train = [rec for rec in records if rec['mode'] == 'train_step']
     assert all(rec['tokens_per_s'] > 0 and rec['flops_per_token'] > 0 and 0 < rec['frac_of_matmul_peak']
                for rec in train)
+    for rec in train:  # the rate is the step's tokens over its measured time, not a constant
+        assert rec['tokens_per_s'] * rec['seconds_per_step'] == pytest.approx(rec['batch_size'] * rec['block_size'])
     assert all(rec['identical_tokens'] for rec in records if rec['mode'].startswith('sample'))

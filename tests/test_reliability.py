@@ -286,8 +286,11 @@ def torchrun(args, log, **extra_env):
 def ddp_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('ddp')
     data = make_data(tmp / 'data')
-    term, die, ref = tmp / 'term', tmp / 'die', tmp / 'ref'
+    term, stop, die, ref = tmp / 'term', tmp / 'stop', tmp / 'die', tmp / 'ref'
     p_term = torchrun(train_args(data, term, 100000, '--ddp_timeout=60'), tmp / 'term.log')
+    # the exact-resume run stops at a known iteration: rank 0 sends itself SIGTERM during step 5
+    # (a signal sent from outside on a poll would land at an iteration that depends on speed)
+    p_stop = torchrun(train_args(data, stop, 12), tmp / 'stop.log', NANOHFA_TEST_DIE_AT='5:0:term')
     t0 = time.time()
     p_die = torchrun(train_args(data, die, 100000, '--ddp_timeout=60'), tmp / 'die.log', NANOHFA_TEST_DIE_AT='6:1')
     p_ref = torchrun(train_args(data, ref, 12), tmp / 'ref.log')
@@ -297,13 +300,16 @@ def ddp_runs(tmp_path_factory):
     rc_die = wait(p_die, 300)
     die_s = time.time() - t0
     rc_ref = wait(p_ref, 300)
+    rc_stop = wait(p_stop, 300)
     n = len(jsonl(term / 'train_log.jsonl'))
     term_ckpt_iter = load(term / 'ckpt.pt')['iter_num'] if (term / 'ckpt.pt').exists() else None
-    resume = torchrun(train_args(data, term, 12, '--init_from=resume'), tmp / 'resume.log')
+    n_stop = len(jsonl(stop / 'train_log.jsonl'))
+    resume = torchrun(train_args(data, stop, 12, '--init_from=resume'), tmp / 'resume.log')
     rc_resume = wait(resume, 300)
-    return {'term': term, 'die': die, 'ref': ref, 'rc_term': rc_term, 'rc_die': rc_die, 'die_s': die_s,
-            'rc_ref': rc_ref, 'rc_resume': rc_resume, 'n': n, 'term_ckpt_iter': term_ckpt_iter,
-            **{f'{k}_log': (tmp / f'{k}.log').read_text() for k in ('term', 'die', 'ref', 'resume')}}
+    return {'term': term, 'stop': stop, 'die': die, 'ref': ref, 'rc_term': rc_term, 'rc_die': rc_die,
+            'die_s': die_s, 'rc_ref': rc_ref, 'rc_stop': rc_stop, 'rc_resume': rc_resume, 'n': n,
+            'n_stop': n_stop, 'term_ckpt_iter': term_ckpt_iter,
+            **{f'{k}_log': (tmp / f'{k}.log').read_text() for k in ('term', 'stop', 'die', 'ref', 'resume')}}
 
 
 def test_ddp_sigterm_to_torchrun(ddp_runs):
@@ -314,13 +320,16 @@ def test_ddp_sigterm_to_torchrun(ddp_runs):
 
 
 def test_ddp_resume_after_sigterm_is_exact(ddp_runs):
-    """2 processes, dropout 0.1: stopped by SIGTERM at iteration n, resumed to 12, the losses and
-    evaluations equal an uninterrupted 2-process run bit for bit (data order and every rank's RNG)."""
+    """2 processes, dropout 0.1: rank 0 gets SIGTERM during step 5, both ranks stop at iteration 6
+    and save; resumed to 12, the losses and evaluations equal an uninterrupted 2-process run bit
+    for bit (data order and every rank's RNG)."""
     assert ddp_runs['rc_ref'] == 0, ddp_runs['ref_log']
+    assert ddp_runs['rc_stop'] == 0, ddp_runs['stop_log']
+    assert 'stopped by signal at iteration 6;' in ddp_runs['stop_log'] and ddp_runs['n_stop'] == 6
     assert ddp_runs['rc_resume'] == 0, ddp_runs['resume_log']
-    assert 0 < ddp_runs['n'] < 12
-    assert losses(ddp_runs['term']) == losses(ddp_runs['ref'])
-    assert evals(ddp_runs['term']) == evals(ddp_runs['ref'])
+    assert 'at iteration 6' in ddp_runs['resume_log']
+    assert losses(ddp_runs['stop']) == losses(ddp_runs['ref'])
+    assert evals(ddp_runs['stop']) == evals(ddp_runs['ref'])
 
 
 def test_ddp_dead_rank_does_not_hang(ddp_runs):

@@ -5,6 +5,7 @@ GPT-2-token dataset made on the spot; prints each run's tokens/s, MFU and first-
 
     python tools/train_smoke.py                    # every distinct model, 20 iterations each
     python tools/train_smoke.py --only sa,ha --iters 20 --out gpu_check_out
+    python tools/train_smoke.py --sync_check       # host-device syncs: as many for 16 steps as for 6
 
 Configs whose model and batch equal an earlier one's (e.g. owt_gpt3small_sa and sa) are run
 once. Needs CUDA (on CPU it runs too, slowly, with --device=cpu --compile=False).
@@ -42,6 +43,39 @@ def synthetic_data(folder, n_train=4_000_000, n_val=400_000):
     return folder
 
 
+SYNC_WRAP = '''
+import runpy, sys, warnings, torch
+torch.cuda.set_sync_debug_mode('warn')
+count = [0]
+def show(message, *args, **kwargs):
+    count[0] += 'synchroniz' in str(message)
+warnings.showwarning = show
+warnings.simplefilter('always')
+sys.argv = ['train.py'] + sys.argv[1:]
+try:
+    runpy.run_path('train.py', run_name='__main__')
+finally:
+    print('SYNC_WARNINGS', count[0])
+'''
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
+        '--gradient_accumulation_steps=2', '--eval_iters=2', '--warmup_iters=2', '--learning_rate=1e-2']
+
+
+def sync_counts(data, work, iters=(6, 16), extra=()):
+    """Host-device syncs that torch.cuda.set_sync_debug_mode flags in whole tiny CUDA runs of
+    `iters` steps each, evaluated and logged only at the start and the end: the loop is
+    sync-free per step when the counts are equal. Returns [(count, returncode, output)]."""
+    out = []
+    for n in iters:
+        cmd = [sys.executable, '-c', SYNC_WRAP, *TINY, f'--data_dir={data}', f'--out_dir={Path(work) / f"sync{n}"}',
+               f'--max_iters={n}', f'--lr_decay_iters={n}', '--eval_interval=1000', '--log_interval=1000',
+               '--device=cuda', *extra]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        m = re.search(r'SYNC_WARNINGS (\d+)', r.stdout)
+        out.append((int(m.group(1)) if m else None, r.returncode, r.stdout + r.stderr))
+    return out
+
+
 def runs_to_make():
     """(name, config file, overrides) of every distinct GPU model."""
     out, seen = [], {}
@@ -69,14 +103,23 @@ def main():
     p.add_argument('--accum', type=int, default=2, help='gradient_accumulation_steps of every run')
     p.add_argument('--only', default='', help='comma list of run names (default: all)')
     p.add_argument('--timeout', type=int, default=300, help='seconds per run')
-    p.add_argument('--out', default='', help='folder for smoke.json and smoke.log')
+    p.add_argument('--out', default='', help='folder for smoke.json')
+    p.add_argument('--sync_check', action='store_true', help='only count host-device syncs (CUDA)')
     p.add_argument('extra', nargs='*', help='more train.py --key=value settings')
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix='train_smoke_'))
     out.mkdir(parents=True, exist_ok=True)
-    (out / 'smoke.log').unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix='train_smoke_work_'))
     data = synthetic_data(work / 'data')
+    if args.sync_check:
+        res = sync_counts(data, work, extra=args.extra)
+        for n, (count, rc, log) in zip((6, 16), res):
+            print(f"{n} steps: {count} syncs flagged (exit {rc})")
+            if rc:
+                print(log[-2000:])
+        ok = all(rc == 0 for _, rc, _ in res) and res[0][0] == res[1][0]
+        print('no per-step sync' if ok else 'FAILED: syncs grow with the number of steps')
+        return 0 if ok else 1
     wanted = set(filter(None, args.only.split(',')))
     results = []
     for name, path, overrides in runs_to_make():
@@ -94,7 +137,7 @@ def main():
         except subprocess.TimeoutExpired as e:  # its partial output may come as bytes
             text = lambda b: b.decode(errors='replace') if isinstance(b, bytes) else b or ''
             log, rc = text(e.stdout) + text(e.stderr), 'timeout'
-        with open(out / 'smoke.log', 'a') as f:  # one file for every run's output
+        with open(work / 'smoke.log', 'a') as f:  # every run's whole output
             f.write(f"\n=== {name}: {' '.join(cmd)}\n{log}")
         final = re.search(r'final: .*?([\d,]+) tokens/s(?:, mfu ([\d.]+)%)?', log)
         first = re.search(r'iter 0: .*time (\d+)ms \(first step', log)
@@ -109,7 +152,7 @@ def main():
         if rc != 0:
             print('\n'.join('    ' + l for l in log.strip().splitlines()[-6:]))
     (out / 'smoke.json').write_text(json.dumps(results, indent=1))
-    print(f"wrote {out / 'smoke.json'}")
+    print(f"wrote {out / 'smoke.json'}; every run's output: {work / 'smoke.log'}")
     return 0 if results and all(r['rc'] == 0 for r in results) else 1
 
 

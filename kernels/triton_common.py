@@ -1,0 +1,106 @@
+"""
+Pieces shared by the Triton kernels: the visibility rule of kernels/masks.py on tiles, the
+key (query) blocks a query (key) block has to visit, dots with fp32 accumulation, and the
+tile sizes.
+
+Triton compiles for GPUs only. On a machine without CUDA, kernels/__init__.py imports
+triton with its interpreter switched on (TRITON_INTERPRET=1 for that import only), so the
+same kernels run on CPU tensors, slowly: that is how CI tests them. The interpreter (triton 3.9)
+multiplies bfloat16 tiles as their raw bits and truncates fp32 -> bf16 casts, so there bf16
+tiles are widened to fp32 before each dot (products of bf16 values are exact in fp32 and
+accumulate in fp32, as on tensor cores) and casts round to nearest-even on the bits: the
+numbers are those of the GPU kernel up to summation order.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e)): exp2 is the fast instruction
+INTERPRETED = bool(getattr(getattr(triton, 'knobs', None), 'runtime', None)
+                   and triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _mm(a, b, UP: tl.constexpr, PREC: tl.constexpr):
+    """a @ b with fp32 accumulation; UP widens both operands to fp32 first (interpreter)."""
+    if UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, UP: tl.constexpr):
+    """x.to(dtype) rounded to nearest-even as on the GPU; UP (interpreter, bf16): the
+    interpreter truncates fp32 -> bf16, so the rounding is done on the bits first."""
+    if UP:
+        b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _visible(pos, rn, Tk, window, CAUSAL: tl.constexpr):
+    """(BM, BN): may the query at absolute position pos[i] read key rn[j]."""
+    vis = (rn[None, :] < Tk) & (pos[:, None] >= 0)
+    if CAUSAL:
+        vis = vis & (rn[None, :] <= pos[:, None])
+        vis = vis & ((window == 0) | (pos[:, None] - rn[None, :] < window))
+    return vis
+
+
+@triton.jit
+def key_range(m0, BM: tl.constexpr, BN: tl.constexpr, Tq, Tk, offset, window, CAUSAL: tl.constexpr):
+    """[lo, hi) of the keys that queries m0 .. m0 + BM - 1 may read (lo a multiple of BN)."""
+    if CAUSAL:
+        hi = tl.minimum(offset + tl.minimum(m0 + BM, Tq), Tk)
+        lo = tl.maximum(offset + m0 - window + 1, 0) * (window > 0)
+        lo = (lo // BN) * BN
+    else:
+        lo = m0 * 0
+        hi = Tk + m0 * 0
+    return lo, hi
+
+
+@triton.jit
+def query_range(n0, BN: tl.constexpr, BM: tl.constexpr, Tq, Tk, offset, window, CAUSAL: tl.constexpr):
+    """[lo, hi) of the queries that may read keys n0 .. n0 + BN - 1 (lo a multiple of BM)."""
+    if CAUSAL:
+        lo = (tl.maximum(n0 - offset, 0) // BM) * BM
+        last = tl.minimum(tl.maximum(n0 + BN - 1 + window - offset, 0), Tq)  # with a window
+        hi = Tq - (Tq - last) * (window > 0)
+    else:
+        lo = n0 * 0
+        hi = Tq + n0 * 0
+    return lo, hi
+
+
+def head_block(D):
+    """Head size padded to a power of two >= 16 (tl.dot's smallest tile side)."""
+    return max(16, triton.next_power_of_2(D))
+
+
+def upcast_dots(dtype):
+    return INTERPRETED and dtype == torch.bfloat16
+
+
+def dot_precision(dtype):
+    return 'ieee' if dtype == torch.float32 else 'tf32'  # fp32 inputs get fp32 dots, not TF32
+
+
+def block_sizes(kind, BD, A, dtype):
+    """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd', 'hfa_bwd', 'linear_fwd', 'linear_bwd'
+    (linear: A = 1). Small tiles in the interpreter (more block edges tested). On a GPU, the
+    largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90, found
+    with tools/compile_check.py (which prints registers and stack per configuration)."""
+    if INTERPRETED:
+        return 16, 16, 1, 1
+    stages = 2 if BD > 64 else 3
+    if dtype == torch.float32:  # fp32 dots run on FMA units, not tensor cores: small tiles
+        return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
+    if kind.endswith('fwd'):
+        return (64, 32, 4, stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    if BD > 64:
+        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages)
+    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else (32, 32, 4, stages)

@@ -1,0 +1,69 @@
+"""RESULTS.md says what the committed grid results say: every table and ranking sentence that
+tools/grid_report.py regenerates from grids/*/results.json appears in RESULTS.md verbatim,
+and the statistics in those tables are recomputed, not copied."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tools'))
+import grid_report  # noqa: E402
+
+GRIDS = sorted(p.parent.name for p in (ROOT / 'grids').glob('*/results.json'))
+
+
+def blocks(markdown):
+    """Tables (runs of '|' lines) and ranking sentences of a report."""
+    out, table = [], []
+    for line in markdown.splitlines() + ['']:
+        if line.startswith('|'):
+            table.append(line)
+            continue
+        if table:
+            out.append('\n'.join(table))
+            table = []
+        if line.startswith('Ranking of all'):
+            out.append(line)
+    return out
+
+
+@pytest.mark.skipif(not GRIDS, reason='no committed grid results')
+def test_results_md_matches_committed_results():
+    text = (ROOT / 'RESULTS.md').read_text()
+    missing = [b.splitlines()[0][:100] for b in blocks(grid_report.report()) if b not in text]
+    assert not missing, f'RESULTS.md is stale (rerun tools/grid_report.py): {missing}'
+
+
+@pytest.mark.parametrize('grid', GRIDS)
+def test_committed_statistics_follow_from_the_runs(grid):
+    """mean, std, CI and Welch p of each row, recomputed from its per-seed final losses."""
+    rows = json.loads((ROOT / 'grids' / grid / 'results.json').read_text())
+    ref = next((r for r in rows if r['variant'] == 'sa'), None)
+    for r in rows:
+        x = np.array([run['val_loss'] for run in r['runs']])
+        assert len(x) == r['n_seeds'] and not r['failed']
+        assert r['val_loss_mean'] == pytest.approx(x.mean())
+        assert [c[-1][1] for c in r['curves'].values()] == pytest.approx(list(x))  # final = last eval
+        if len(x) > 1:
+            assert r['val_loss_std'] == pytest.approx(x.std(ddof=1))
+            assert r['val_loss_ci95'] == pytest.approx(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+        if ref and r is not ref and len(x) > 1:
+            y = [run['val_loss'] for run in ref['runs']]
+            assert r['p_vs_sa'] == pytest.approx(stats.ttest_ind(x, y, equal_var=False).pvalue)
+
+
+def test_settle_point_is_the_last_change_of_ranking():
+    """A crossing at the third evaluation is reported there; a later tie-free run is not."""
+    def row(name, losses):
+        curve = [(i * 10, l, i, l) for i, l in enumerate(losses)]
+        return {'variant': name, 'runs': [{'val_loss': losses[-1]}], 'curves': {'0': curve}}
+    rows = {'sa': row('sa', [5, 3.0, 2.5, 2.0, 1.8, 1.7]), 'ha': row('ha', [5, 2.8, 2.4, 2.1, 1.9, 1.8])}
+    text, last = grid_report.settle_table(rows)
+    assert last == 3
+    assert '| `ha` | 3 |' in text

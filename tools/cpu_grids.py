@@ -1,0 +1,164 @@
+"""
+The CPU comparison grids behind RESULTS.md, as data: each grid is a compare.py command.
+
+    python tools/cpu_grids.py lr_sweep            # then main, main_flops, main_time, early, milton, bpe
+    python tools/cpu_grids.py main --dry_run      # print the compare.py command, run nothing
+    python tools/cpu_grids.py all --jobs 2        # every grid in order (resumable: finished runs are kept)
+
+Every grid trains tiny GPTs (config/compare_cpu.py: 2 layers, 4 heads, width 96, context 64,
+batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results.json, .csv,
+.md and the plot are committed). Grids that depend on others read their results:
+- main: each variant at the learning rate that was best for it in lr_sweep.
+- main_flops / main_time: each variant trained for as many iterations as give SA's training
+  FLOPs / SA's training seconds in main (1000 iterations), with its own cosine schedule;
+  seconds per step come from tools/step_times.py (grids/main/step_times.json), measured
+  with every variant under the same load.
+- milton, bpe: main's learning rates, on a second corpus and on GPT-2 tokens.
+`python tools/grid_report.py` turns the results into RESULTS.md's tables and figures.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GRIDS = ROOT / 'grids'
+CONFIG = 'config/compare_cpu.py'
+
+# name: train.py overrides on config/compare_cpu.py (which windows HA 16 x 8 by default)
+VARIANTS = {
+    'sa': dict(attention='sa'),
+    'sa_w16': dict(attention='sa', attn_window=16),                 # SA seeing the last 16, as HA's j1
+    'hfa': dict(attention='hfa_v1', hfa_order=2),                   # dh 24: 16% more parameters than SA
+    'hfa_w16': dict(attention='hfa_v1', hfa_order=2, attn_window=16),
+    'hfa2_pm': dict(attention='hfa_v1', hfa_order=2, head_dim=16),  # parameters matched to SA (equal)
+    'hfa4_pm': dict(attention='hfa_v1', hfa_order=4, head_dim=10),  # parameters matched to SA (+1.3%)
+    'ha_share_w': dict(attention='ha', ha_share_kv=True, ha_window1=16, ha_window2=8),
+    'ha_noshare_w': dict(attention='ha', ha_share_kv=False, ha_window1=16, ha_window2=8),
+    'ha_full': dict(attention='ha', ha_share_kv=True, ha_window1=0, ha_window2=0),
+}
+LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3)
+# the sweep goes one step higher for the variants whose best was its largest value (an optimum
+# at the edge of a sweep is not one), as often as needed; HFA's loss had already risen at 8e-3
+HIGHER = {'sa': (1.6e-2,), 'sa_w16': (1.6e-2,), 'ha_share_w': (1.6e-2, 3.2e-2), 'ha_noshare_w': (1.6e-2, 3.2e-2),
+          'ha_full': (1.6e-2,)}
+
+
+def sweep_lrs(v):
+    return LEARNING_RATES + HIGHER.get(v, ())
+MAIN_ITERS = 1000
+SECOND = ['sa', 'sa_w16', 'hfa2_pm', 'ha_share_w']  # the variants rerun on milton and bpe
+
+
+def lr_tag(lr):
+    """1e-3 -> '1e-3', 1.6e-2 -> '1.6e-2' (run folder names)."""
+    return f'{lr:.1e}'.replace('.0e', 'e').replace('e-0', 'e-')
+
+
+def with_lr(over, lr):
+    return {**over, 'learning_rate': lr, 'min_lr': lr / 10}
+
+
+def best_lrs(variants):
+    """Each variant's learning rate with the lowest final val loss in lr_sweep (one seed)."""
+    path = GRIDS / 'lr_sweep' / 'results.json'
+    if not path.exists():
+        sys.exit(f"{path} not found: run `python tools/cpu_grids.py lr_sweep` first")
+    rows = {r['variant']: r for r in json.loads(path.read_text())}
+    best = {}
+    for v in variants:
+        done = [(rows[f'{v}_lr{lr_tag(lr)}']['val_loss_mean'], lr) for lr in sweep_lrs(v)
+                if rows.get(f'{v}_lr{lr_tag(lr)}', {}).get('n_seeds')]
+        if len(done) < len(sweep_lrs(v)):
+            sys.exit(f"lr_sweep is unfinished for {v}: finish it first")
+        best[v] = min(done)[1]
+    return best
+
+
+def main_cost(kind):
+    """SA's training budget in main, and each variant's cost per iteration in the same unit."""
+    rows = {r['variant']: r for r in json.loads((GRIDS / 'main' / 'results.json').read_text())}
+    if kind == 'flops':
+        per_iter = {v: rows[v]['flops_per_token'] for v in VARIANTS}
+    else:
+        path = GRIDS / 'main' / 'step_times.json'
+        if not path.exists():
+            sys.exit(f"{path} not found: run tools/step_times.py on the main grid first (see RESULTS.md)")
+        per_iter = json.loads(path.read_text())['seconds_per_step']
+    return per_iter
+
+
+def grid(name, only=None):
+    """(variants {name: overrides}, seeds, extra train.py overrides) of one grid; `only`
+    keeps some of its variants (to train them first; the full grid collects them all)."""
+    variants, seeds, extra = _grid(name, only)
+    return {v: o for v, o in variants.items() if not only or v.split('_lr')[0] in only}, seeds, extra
+
+
+def _grid(name, only):
+    if name == 'lr_sweep':
+        variants = {f'{v}_lr{lr_tag(lr)}': with_lr(over, lr) for v, over in VARIANTS.items() for lr in sweep_lrs(v)}
+        return variants, 1, dict(max_iters=400, lr_decay_iters=400)
+    if name == 'early':  # the first comparison's budget: 200 iterations, one learning rate for all
+        early = {'sa': VARIANTS['sa'], 'hfa': VARIANTS['hfa'], 'hybrid': dict(attention='hfa_v1', n_hfa_head=2),
+                 'ha_noshare_w': VARIANTS['ha_noshare_w'], 'ha_share_w': VARIANTS['ha_share_w']}
+        return early, 3, dict(max_iters=200, lr_decay_iters=200)
+    names = [v for v in VARIANTS if not only or v in only]
+    best = best_lrs(names)
+    tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
+    if name == 'main':
+        return tuned, 3, {}  # config/compare_cpu.py: MAIN_ITERS iterations
+    if name in ('main_flops', 'main_time'):
+        cost = main_cost(name.split('_')[1])
+        variants = {}
+        for v, over in tuned.items():
+            iters = max(1, round(MAIN_ITERS * cost['sa'] / cost[v]))  # SA's budget, spent at v's cost
+            variants[v] = {**over, 'max_iters': iters, 'lr_decay_iters': iters}
+        return variants, 3, {}
+    if name == 'milton':
+        return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='milton_char')
+    if name == 'bpe':  # GPT-2 tokens: the 50,304-way output layer dominates, so half the batch and iterations
+        return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='shakespeare', batch_size=16, max_iters=500,
+                                                      lr_decay_iters=500)
+    raise SystemExit(f"unknown grid {name!r}; grids: {', '.join(ORDER)}")
+
+
+ORDER = ['lr_sweep', 'main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']
+
+
+def command(name, jobs, only=None):
+    variants, seeds, extra = grid(name, only)
+    cmd = [sys.executable, 'compare.py', '--config', CONFIG, '--out', f'grids/{name}', '--seeds', str(seeds),
+           '--jobs', str(jobs), '--threads', '1', '--variants', ','.join(variants)]
+    for v, over in variants.items():
+        cmd += ['--preset', v] + [f'{k}={val}' for k, val in over.items()]
+    return cmd + [f'--{k}={v}' for k, v in extra.items()]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('grid', help=f"one of {', '.join(ORDER)}, or all")
+    p.add_argument('--jobs', type=int, default=2, help='runs trained at the same time (one thread each)')
+    p.add_argument('--dry_run', action='store_true', help='print the compare.py command only')
+    p.add_argument('--only', default='', help='comma list of variants to train first (the full grid collects all)')
+    a = p.parse_args()
+    only = [v for v in a.only.split(',') if v]
+    names = ORDER if a.grid == 'all' else [a.grid]
+    for name in names:
+        if name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists() and not a.dry_run:
+            step_cmd = command('main', a.jobs, only)
+            step_cmd[1] = 'tools/step_times.py'
+            print('+', ' '.join(step_cmd), flush=True)
+            subprocess.run(step_cmd + ['--rounds=7'], cwd=ROOT, check=True)
+        cmd = command(name, a.jobs, only)
+        print('+', ' '.join(cmd), flush=True)
+        if not a.dry_run:
+            rc = subprocess.run(cmd, cwd=ROOT).returncode
+            if rc:
+                sys.exit(f"grid {name} failed (exit {rc}); rerun the same command to resume")
+
+
+if __name__ == '__main__':
+    main()
