@@ -56,8 +56,16 @@ def test_step_memory_sees_what_a_step_allocates():
     assert 60 * 2 ** 20 <= used < 200 * 2 ** 20
 
 
+@pytest.fixture
+def keep_threads():
+    """A bench case sets its own thread count (as it does in its own process); put it back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.mark.parametrize('variant', bench.GPT2_VARIANTS)
-def test_gpt2_step_row_at_toy_size(variant):
+def test_gpt2_step_row_at_toy_size(variant, keep_threads):
     rec = bench.run_gpt2_step(dict(variant=variant, mode='gpt2_step', shape=TOY, compile=False, dtype='float32',
                                    batch_size=2, device='cpu', threads=1, min_time=0.0, min_iters=1,
                                    peak_flops=1e9))

@@ -327,6 +327,9 @@ def script_defaults(script):
     import ast
     out = {}
     for node in ast.parse((ROOT / script).read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ('config_keys', 'defaults')
+                                                for t in node.targets):
+            break  # the configuration block ends where the script collects it
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
                 value = eval(compile(ast.Expression(node.value), script, 'eval'), {'__builtins__': {}})

@@ -237,9 +237,12 @@ def test_wandb_offline_logs_nanogpt_keys_and_resume_continues_the_run(char_data,
     first, second = wandb_history(runs[0]), wandb_history(runs[1])
     assert [h['iter'] for h in first] == [0, 2, 4] and [h['iter'] for h in second] == [6]
     log = jsonl(out / 'log.jsonl')
-    nanogpt = {'iter', 'train/loss', 'val/loss', 'lr'} | ({'mfu'} if log[-1].get('mfu') is not None else set())
+    assert log[-1].get('mfu') is not None  # measured once training time exists (not at iteration 0)
     for h, rec in zip(first + second, log):
+        nanogpt = {'iter', 'train/loss', 'val/loss', 'lr'} | ({'mfu'} if rec.get('mfu') is not None else set())
         assert nanogpt <= h.keys()
+        if rec.get('mfu') is not None:
+            assert h['mfu'] == pytest.approx(100 * rec['mfu'])  # nanoGPT logs it in percent
         assert (h['iter'], h['train/loss'], h['val/loss'], h['lr']) == (rec['iter'], rec['train_loss'],
                                                                         rec['val_loss'], rec['lr'])
 
