@@ -152,9 +152,10 @@ def literal(text):
 
 def plan(args):
     """One entry per variant: its overrides (preset + matching) and resolved config."""
-    presets = dict(PRESETS)
+    presets = {k: dict(v) for k, v in PRESETS.items()}
     for name, *pairs in args.preset or []:
         presets[name] = {k: literal(v) for k, v in (p.split('=', 1) for p in pairs)}
+    own_seeds = {n: p.pop('seeds') for n, p in presets.items() if 'seeds' in p}  # not a train.py key
     names = [v.strip() for v in args.variants.split(',') if v.strip()]
     unknown = [n for n in names if n not in presets]
     if unknown:
@@ -185,7 +186,7 @@ def plan(args):
             print(f"warning: variant {name}: cannot build its model ({e})")
             params, flops = None, None
         dh = cfg['head_dim'] or cfg['n_embd'] // max(1, cfg['n_head'])
-        variants.append({'variant': name, 'overrides': overrides, 'cfg': cfg, 'params_planned': params,
+        variants.append({'variant': name, 'overrides': overrides, 'cfg': cfg, 'seeds': own_seeds.get(name), 'params_planned': params,
                          'flops_planned': flops, 'shape': f"L{cfg['n_layer']} H{cfg['n_head']} "
                                                           f"d{cfg['n_embd']} dh{dh}"})
     return variants
@@ -263,11 +264,27 @@ def stderr_tail(run_dir, n=15):
     return '\n'.join(last.strip().splitlines()[-n:])
 
 
+def seeds_of(v, seeds):
+    """A variant's seeds: its preset's `seeds=` (a count or a list) if it has one, else the grid's."""
+    own = v.get('seeds')
+    if own is None:
+        return seeds
+    if isinstance(own, int):
+        return list(range(own))
+    return parse_list(','.join(map(str, own)) if isinstance(own, (list, tuple)) else str(own), 'seeds=')
+
+
+def seed_text(variants, seeds):
+    if any(v.get('seeds') is not None for v in variants):
+        return 'their own seeds'
+    return f'{len(seeds)} seeds'
+
+
 def grid_runs(args, variants, seeds):
     """Every (variant, seed, run_dir, state) of the grid, in the order they are started."""
     runs = []
     for v in variants:
-        for s in seeds:
+        for s in seeds_of(v, seeds):
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
             diff = config_mismatch(run_dir, v['cfg'])
             if diff:  # never reuse or resume a run made with other settings
@@ -294,7 +311,8 @@ def run_grid(args, variants, seeds):
         else:
             todo.append((v, s, run_dir, state))
     slots = gpu_slots(args)
-    print(f"{len(variants) * len(seeds)} runs: {len(todo)} to train "
+    n_runs = len(todo) + len(outcomes)
+    print(f"{n_runs} runs: {len(todo)} to train "
           f"({sum(t[3] == 'resume' for t in todo)} resumed), {len(outcomes)} already finished"
           + (f"; {len(slots)} at a time on GPUs {' | '.join(slots)}" if args.gpus else ''))
     free = queue.Queue()
@@ -308,7 +326,7 @@ def run_grid(args, variants, seeds):
         finally:
             free.put(slot)
 
-    bar = tqdm(total=len(variants) * len(seeds), initial=len(outcomes), desc='runs', unit='run')
+    bar = tqdm(total=n_runs, initial=len(outcomes), desc='runs', unit='run')
     with ThreadPoolExecutor(max_workers=len(slots)) as pool:
         futures = {pool.submit(on_free_slot, *t): t for t in todo}
         for f in as_completed(futures):
@@ -368,7 +386,7 @@ def makespan(hours, n_slots):
 def grid_budget(args, variants, seeds):
     """One budget per run (variant-major order, as run_grid starts them) and the totals."""
     per_variant = {v['variant']: budget(v['cfg'], vocab_size(v['cfg']), args.est_gpu, args.est_mfu) for v in variants}
-    runs = [per_variant[v['variant']] for v in variants for _ in seeds]
+    runs = [per_variant[v['variant']] for v in variants for _ in seeds_of(v, seeds)]
     n_slots = len(gpu_slots(args)) if args.gpus else max(1, args.jobs)
     total = {'runs': len(runs), 'tokens': sum(b['tokens'] for b in runs), 'flops': sum(b['flops'] for b in runs),
              'gpu_hours': sum(b['gpu_hours'] for b in runs), 'slots': n_slots,
@@ -379,7 +397,7 @@ def grid_budget(args, variants, seeds):
 def grid_budget_line(args, variants, seeds):
     per_variant, t = grid_budget(args, variants, seeds)
     gpus = len(args.gpus) if args.gpus else args.nproc * t['slots']
-    return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {len(seeds)} seeds), "
+    return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {seed_text(variants, seeds)}), "
             f"{t['tokens'] / 1e9:.1f}B tokens, {t['flops']:.2e} FLOPs, {t['gpu_hours']:,.0f} GPU-hours on "
             f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {t['wall_hours']:,.1f} h on {gpus} GPUs")
 
@@ -389,7 +407,7 @@ def dry_run(args, variants, seeds):
     per_variant, total = grid_budget(args, variants, seeds)
     slots = gpu_slots(args)
     runs = grid_runs(args, variants, seeds)
-    print(f"\n{len(runs)} runs ({len(variants)} variants x {len(seeds)} seeds); budgets at an assumed "
+    print(f"\n{len(runs)} runs ({len(variants)} variants x {seed_text(variants, seeds)}); budgets at an assumed "
           f"{args.est_mfu:.0%} MFU of {args.est_gpu}'s dense bf16 peak (--est_mfu, --est_gpu)")
     for i, (v, s, run_dir, state) in enumerate(runs):
         b = per_variant[v['variant']]
@@ -455,7 +473,7 @@ def summarize(args, variants, seeds, outcomes):
     runs_by_variant = {}
     for v in variants:
         runs_by_variant[v['variant']] = []
-        for s in seeds:
+        for s in seeds_of(v, seeds):
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
             r = collect_run(run_dir, v['cfg']['max_iters'])
             status = outcomes.get((v['variant'], s), 'not run')

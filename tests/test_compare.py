@@ -199,3 +199,14 @@ def test_welch_p_is_welch_not_student():
     student = 2 * stats.t.sf(abs(t_s), len(a) + len(b) - 2)
     assert abs(welch - student) > 0.05  # the case tells the two tests apart
     assert compare.welch_p(a, b) == pytest.approx(welch, rel=1e-9)
+
+
+def test_a_preset_may_carry_its_own_seeds(tiny):
+    """`--preset NAME ... seeds=3` trains that variant on seeds 0..2 in a grid of one seed, and
+    the seed count never reaches train.py as a setting."""
+    args = compare.parse_args(argv(tiny, '--variants', 'sa,more', '--seeds', '1', '--out', str(tiny / 'own'),
+                                   '--preset', 'more', 'attention=sa', 'seeds=3'))
+    variants = compare.plan(args)
+    runs = [(v['variant'], s) for v, s, _, _ in compare.grid_runs(args, variants, args.seeds)]
+    assert runs == [('sa', 0), ('more', 0), ('more', 1), ('more', 2)]
+    assert 'seeds' not in variants[1]['overrides'] and 'seeds' not in variants[1]['cfg']

@@ -50,6 +50,7 @@ def sweep_lrs(v):
     return LEARNING_RATES + HIGHER.get(v, ())
 MAIN_ITERS = 1000
 SECOND = ['sa', 'sa_w16', 'hfa2_pm', 'ha_share_w']  # the variants rerun on milton and bpe
+CHEAP = ['sa', 'sa_w16', 'hfa', 'hfa_w16', 'hfa2_pm', 'hfa4_pm']  # 1.0-1.5x SA's step time on this CPU
 
 
 def lr_tag(lr):
@@ -108,8 +109,8 @@ def _grid(name, only):
     names = [v for v in VARIANTS if not only or v in only]
     best = best_lrs(names)
     tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
-    if name == 'main':
-        return tuned, 3, {}  # config/compare_cpu.py: MAIN_ITERS iterations
+    if name == 'main':  # config/compare_cpu.py: MAIN_ITERS iterations; 5 seeds where a run is cheap
+        return {v: {**over, 'seeds': 5} if v in CHEAP else over for v, over in tuned.items()}, 3, {}
     if name in ('main_flops', 'main_time'):
         cost = main_cost(name.split('_')[1])
         variants = {}
@@ -148,7 +149,7 @@ def main():
     names = ORDER if a.grid == 'all' else [a.grid]
     for name in names:
         if name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists() and not a.dry_run:
-            step_cmd = command('main', a.jobs, only)
+            step_cmd = command('main', a.jobs, only)  # seeds do not matter to a step's time
             step_cmd[1] = 'tools/step_times.py'
             print('+', ' '.join(step_cmd), flush=True)
             subprocess.run(step_cmd + ['--rounds=7'], cwd=ROOT, check=True)
