@@ -4,8 +4,6 @@
 # iterations of cpu_sa (300 x 32 x 128 tokens), so NOT token-matched with cpu_sa: use
 # compare.py for matched comparisons. Full [IA] HA instead: ha_window1 = ha_window2 = 0 with
 # block_size = 64 (~13x slower than sa). ha_share_kv=True: the weight-shared HA.
-# Measured: val loss 2.22 after 300 iterations (cpu_sa: 2.31 at 300), ~16 min single-threaded
-# on a busy shared machine.
 #   python train.py config/cpu_ha.py
 from config.cpu_sa import *  # the shared recipe; only what follows differs
 

@@ -67,3 +67,38 @@ def test_settle_point_is_the_last_change_of_ranking():
     text, last = grid_report.settle_table(rows)
     assert last == 3
     assert '| `ha` | 3 |' in text
+
+
+def _row(name, finals_, iters=1000, flops=1.0, seeds=None):
+    seeds = list(range(len(finals_))) if seeds is None else seeds
+    return {'variant': name, 'n_seeds': len(finals_), 'seeds': seeds, 'params': 10, 'flops_per_token': flops,
+            'tokens': iters * 8, 'iters': iters, 'tokens_per_iter': 8, 'overrides': {'attention': name},
+            'val_loss_mean': float(np.mean(finals_)), 'runs': [{'seed': s, 'val_loss': x} for s, x in zip(seeds, finals_)],
+            'curves': {str(s): [(0, 5.0, 0, 5.0), (iters * 8, x, iters, x)] for s, x in zip(seeds, finals_)}}
+
+
+def test_pooled_seeds_join_one_row_and_refuse_other_settings():
+    a, b = _row('sa', [2.0, 2.2]), _row('sa', [2.1], seeds=[3])
+    row = grid_report.pooled(a, b)
+    assert row['n_seeds'] == 3 and row['seeds'] == [0, 1, 3] and grid_report.finals(row) == [2.0, 2.2, 2.1]
+    assert set(row['curves']) == {'0', '1', '3'}
+    with pytest.raises(AssertionError, match='iters'):
+        grid_report.pooled(a, _row('sa', [2.1], iters=500, seeds=[3]))
+    with pytest.raises(AssertionError, match='seed in both'):
+        grid_report.pooled(a, _row('sa', [2.1], seeds=[1]))
+
+
+def test_equal_compute_verdicts_follow_from_runs_with_their_own_schedules():
+    """Costlier and worse at equal tokens: worse at equal FLOPs. Costlier and better: a verdict
+    only if a run no longer than its budget is already better; otherwise 'needs a run'."""
+    grids = {'main': {'sa': _row('sa', [2.0, 2.0]), 'slow_bad': _row('slow_bad', [2.2, 2.2], flops=2.0),
+                      'cheap_good': _row('cheap_good', [1.9, 1.9], flops=0.5),
+                      'slow_good': _row('slow_good', [1.9, 1.9], flops=2.0),
+                      'slow_good_early': _row('slow_good_early', [1.8, 1.8], flops=2.0)},
+             'lr_sweep': {'slow_good_early_lr1e-3': _row('slow_good_early_lr1e-3', [1.95], iters=400)}}
+    v = grid_report.equal_compute(grids, None)
+    assert v['slow_bad']['flops'][0].startswith('worse') and v['slow_bad']['flops'][1] == 500
+    assert v['cheap_good']['flops'][0].startswith('better')
+    assert v['slow_good']['flops'][0].startswith('needs a run')
+    assert v['slow_good_early']['flops'][0].startswith('better (500 its; 1.950 at 400)')
+    assert v['sa']['time'][0] == 'not measured'

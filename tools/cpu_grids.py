@@ -1,14 +1,18 @@
 """
 The CPU comparison grids behind RESULTS.md, as data: each grid is a compare.py command.
 
-    python tools/cpu_grids.py lr_sweep            # then main, main_flops, main_time, early, milton, bpe
+    python tools/cpu_grids.py lr_sweep            # then main, main_ha, early, milton, bpe
     python tools/cpu_grids.py main --dry_run      # print the compare.py command, run nothing
     python tools/cpu_grids.py all --jobs 2        # every grid in order (resumable: finished runs are kept)
 
 Every grid trains tiny GPTs (config/compare_cpu.py: 2 layers, 4 heads, width 96, context 64,
 batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results.json, .csv,
 .md and the plot are committed). Grids that depend on others read their results:
-- main: each variant at the learning rate that was best for it in lr_sweep.
+- main, main_ha, main_seeds: each variant at the learning rate that was best for it in lr_sweep; main holds
+  the variants whose runs are cheap here, main_ha the HA variants (4-10x SA's step time on
+  this CPU), main_seeds two more seeds of main's variants; tools/grid_report.py pools them.
+- step_times: seconds per training step of every variant, measured in one process under one
+  load (tools/step_times.py), for comparisons at equal time.
 - main_flops / main_time: each variant trained for as many iterations as give SA's training
   FLOPs / SA's training seconds in main (1000 iterations), with its own cosine schedule;
   seconds per step come from tools/step_times.py (grids/main/step_times.json), measured
@@ -49,8 +53,10 @@ HIGHER = {'sa': (1.6e-2,), 'sa_w16': (1.6e-2,), 'ha_share_w': (1.6e-2, 3.2e-2), 
 def sweep_lrs(v):
     return LEARNING_RATES + HIGHER.get(v, ())
 MAIN_ITERS = 1000
-SECOND = ['sa', 'sa_w16', 'hfa2_pm', 'ha_share_w']  # the variants rerun on milton and bpe
+SECOND = ['sa', 'sa_w16', 'hfa2_pm', 'ha_share_w']  # the variants rerun on milton
+BPE = ['sa', 'ha_share_w']  # and on GPT-2 tokens
 CHEAP = ['sa', 'sa_w16', 'hfa', 'hfa_w16', 'hfa2_pm', 'hfa4_pm']  # 1.0-1.5x SA's step time on this CPU
+HA = ['ha_share_w', 'ha_noshare_w', 'ha_full']
 
 
 def lr_tag(lr):
@@ -109,8 +115,14 @@ def _grid(name, only):
     names = [v for v in VARIANTS if not only or v in only]
     best = best_lrs(names)
     tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
-    if name == 'main':  # config/compare_cpu.py: MAIN_ITERS iterations; 5 seeds where a run is cheap
-        return {v: {**over, 'seeds': 5} if v in CHEAP else over for v, over in tuned.items()}, 3, {}
+    if name == 'main':  # config/compare_cpu.py: MAIN_ITERS iterations
+        return {v: over for v, over in tuned.items() if v in CHEAP}, 3, {}
+    if name == 'main_ha':
+        return {v: over for v, over in tuned.items() if v in HA}, 3, {}
+    if name == 'main_seeds':  # seeds 3 and 4 of main's variants (tools/grid_report.py pools them with main's)
+        return {v: {**over, 'seeds': '3,4'} for v, over in tuned.items() if v in CHEAP}, 3, {}
+    if name == 'every_variant':  # for tools/step_times.py: one step of each, no training
+        return tuned, 1, {}
     if name in ('main_flops', 'main_time'):
         cost = main_cost(name.split('_')[1])
         variants = {}
@@ -121,39 +133,45 @@ def _grid(name, only):
     if name == 'milton':
         return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='milton_char')
     if name == 'bpe':  # GPT-2 tokens: the 50,304-way output layer dominates, so half the batch and iterations
-        return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='shakespeare', batch_size=16, max_iters=500,
+        return {v: tuned[v] for v in BPE if v in tuned}, 3, dict(dataset='shakespeare', batch_size=16, max_iters=500,
                                                       lr_decay_iters=500)
     raise SystemExit(f"unknown grid {name!r}; grids: {', '.join(ORDER)}")
 
 
-ORDER = ['lr_sweep', 'main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']
+ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'bpe', 'main_flops', 'main_time']
 
 
-def command(name, jobs, only=None):
+def command(name, jobs, only=None, collect_only=False):
     variants, seeds, extra = grid(name, only)
     cmd = [sys.executable, 'compare.py', '--config', CONFIG, '--out', f'grids/{name}', '--seeds', str(seeds),
            '--jobs', str(jobs), '--threads', '1', '--variants', ','.join(variants)]
     for v, over in variants.items():
         cmd += ['--preset', v] + [f'{k}={val}' for k, val in over.items()]
-    return cmd + [f'--{k}={v}' for k, v in extra.items()]
+    return cmd + (['--collect_only'] if collect_only else []) + [f'--{k}={v}' for k, v in extra.items()]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('grid', help=f"one of {', '.join(ORDER)}, or all")
+    p.add_argument('grid', help=f"one of {', '.join(ORDER)}, step_times (seconds per step of every variant "
+                                "under one load, into grids/main/step_times.json), or all")
     p.add_argument('--jobs', type=int, default=2, help='runs trained at the same time (one thread each)')
     p.add_argument('--dry_run', action='store_true', help='print the compare.py command only')
+    p.add_argument('--collect_only', action='store_true', help='train nothing; summarise the finished runs')
     p.add_argument('--only', default='', help='comma list of variants to train first (the full grid collects all)')
     a = p.parse_args()
     only = [v for v in a.only.split(',') if v]
     names = ORDER if a.grid == 'all' else [a.grid]
     for name in names:
-        if name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists() and not a.dry_run:
-            step_cmd = command('main', a.jobs, only)  # seeds do not matter to a step's time
+        if name == 'step_times' or (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
+            step_cmd = command('every_variant', a.jobs) + ['--rounds=7']
             step_cmd[1] = 'tools/step_times.py'
+            step_cmd[step_cmd.index('--out') + 1] = 'grids/main'
             print('+', ' '.join(step_cmd), flush=True)
-            subprocess.run(step_cmd + ['--rounds=7'], cwd=ROOT, check=True)
-        cmd = command(name, a.jobs, only)
+            if not a.dry_run:
+                subprocess.run(step_cmd, cwd=ROOT, check=True)
+            if name == 'step_times':
+                continue
+        cmd = command(name, a.jobs, only, a.collect_only)
         print('+', ' '.join(cmd), flush=True)
         if not a.dry_run:
             rc = subprocess.run(cmd, cwd=ROOT).returncode

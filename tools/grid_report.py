@@ -35,8 +35,27 @@ NAMES = {  # how each variant reads in a table
 
 
 def load(grid):
+    """{variant: row} of a grid's results.json; main also holds main_ha's rows (the HA variants,
+    trained by the same command with the same seeds, compared with main's SA)."""
     path = GRIDS / grid / 'results.json'
-    return {r['variant']: r for r in json.loads(path.read_text())} if path.exists() else None
+    if not path.exists():
+        return None
+    rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds']}
+    if grid == 'main':
+        for r in (load('main_seeds') or {}).values():  # more seeds of the same runs: pooled
+            if r['variant'] in rows:
+                rows[r['variant']] = pooled(rows[r['variant']], r)
+        rows.update(load('main_ha') or {})
+    return rows
+
+
+def pooled(a, b):
+    """One row from two grids' rows of the same variant and settings, with different seeds."""
+    same = ('params', 'flops_per_token', 'tokens', 'iters', 'tokens_per_iter', 'overrides')
+    assert all(a[k] == b[k] for k in same), f"{a['variant']}: grids differ in {[k for k in same if a[k] != b[k]]}"
+    assert not set(a['seeds']) & set(b['seeds']), f"{a['variant']}: a seed in both grids"
+    return {**a, 'n_seeds': a['n_seeds'] + b['n_seeds'], 'seeds': a['seeds'] + b['seeds'],
+            'runs': a['runs'] + b['runs'], 'curves': {**a['curves'], **b['curves']}}
 
 
 def finals(row):
@@ -131,15 +150,84 @@ def sweep_table(rows, variants, lrs, tag):
     return '\n'.join(lines)
 
 
-def summary_table(grids, variants):
-    cols = [(g, title) for g, title in [('main', 'equal tokens (2.05M)'), ('main_flops', "equal FLOPs (SA's 1000 its)"),
-                                         ('main_time', "equal CPU seconds (SA's 1000 its)"),
-                                         ('milton', 'Milton, equal tokens'), ('bpe', 'GPT-2 tokens, equal tokens')]
+def summary_table(grids, variants, verdicts=None):
+    cols = [(g, title) for g, title in [('main', 'Shakespeare chars, equal tokens (2.05M)'),
+                                         ('milton', 'Milton chars, equal tokens'), ('bpe', 'GPT-2 tokens, equal tokens')]
             if grids.get(g)]
-    lines = ['| variant | ' + ' | '.join(t for _, t in cols) + ' |', '|---|' + '---|' * len(cols)]
+    extra = ['at equal FLOPs', 'at equal CPU time'] if verdicts else []
+    lines = ['| variant | ' + ' | '.join([t for _, t in cols] + extra) + ' |', '|---|' + '---|' * (len(cols) + len(extra))]
     for v in variants:
         cells = [cell(grids[g][v], grids[g].get(REF)) if v in grids[g] else 'not run' for g, _ in cols]
+        if verdicts:
+            cells += [verdicts[v][k][0] if v in verdicts else 'not run' for k in ('flops', 'time')]
         lines.append(f'| {NAMES.get(v, v)} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def shorter_runs(grids, v):
+    """(iterations, mean final val loss, seeds, grid) of v's runs with their own, shorter
+    schedules: lr_sweep (400 iterations, at v's best rate, one seed) and early (200)."""
+    out = []
+    sweep = grids.get('lr_sweep') or {}
+    mine = [r for name, r in sweep.items() if name.rsplit('_lr', 1)[0] == v]
+    if mine:
+        best = min(mine, key=lambda r: r['val_loss_mean'])
+        out.append((best['iters'], best['val_loss_mean'], best['n_seeds'], 'lr_sweep'))
+    if v in (grids.get('early') or {}):
+        r = grids['early'][v]
+        out.append((r['iters'], r['val_loss_mean'], r['n_seeds'], 'early'))
+    return out
+
+
+def equal_compute(grids, step_times):
+    """Each variant against SA at SA's training FLOPs and at SA's training seconds in main.
+
+    A variant that costs c_v per iteration gets n_v = N * c_SA / c_v iterations of SA's
+    budget. The verdict uses only runs trained with their own cosine schedule and assumes
+    that a longer schedule does not end at a higher loss (true of every pair of budgets
+    measured here): worse at N with n_v <= N, or worse at some n >= n_v, means worse; better
+    at N with n_v >= N, or better at some n <= n_v, means better; anything else needs a run."""
+    main = grids['main']
+    ref_loss, n_ref = float(np.mean(finals(main[REF]))), main[REF]['iters']
+    cost = {'flops': {v: r['flops_per_token'] for v, r in main.items()}}
+    if step_times:
+        cost['time'] = step_times
+    out = {}
+    for v, r in main.items():
+        runs = [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
+        out[v] = {}
+        for kind in ('flops', 'time'):
+            if kind not in cost or v not in cost[kind]:
+                out[v][kind] = ('not measured', None)
+                continue
+            n_v = n_ref * cost[kind][REF] / cost[kind][v]
+            if v == REF:
+                out[v][kind] = ('-', n_v)
+                continue
+            worse = [(n, x) for n, x, _, _ in runs if x > ref_loss and n >= n_v - 0.5]
+            better = [(n, x) for n, x, _, _ in runs if x < ref_loss and n <= n_v + 0.5]
+            if worse:
+                n, x = min(worse)
+                out[v][kind] = (f'worse ({n_v:.0f} its; {x:.3f} at {n})', n_v)
+            elif better:
+                n, x = max(better)
+                out[v][kind] = (f'better ({n_v:.0f} its; {x:.3f} at {n})', n_v)
+            else:
+                out[v][kind] = (f'needs a run ({n_v:.0f} its)', n_v)
+    return out
+
+
+def equal_compute_table(grids, verdicts, step_times):
+    main = grids['main']
+    lines = ['| variant | MFLOPs/tok | × SA | s/step (1 thread) | × SA | runs with own schedule (its: val loss) '
+             '| at SA\'s FLOPs | at SA\'s time |', '|---|---|---|---|---|---|---|---|']
+    for v, r in main.items():
+        runs = [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
+        st = step_times.get(v) if step_times else None
+        lines.append(f"| `{v}` | {r['flops_per_token'] / 1e6:.2f} | {r['flops_per_token'] / main[REF]['flops_per_token']:.2f} | "
+                     + (f"{st:.3f} | {st / step_times[REF]:.2f}" if st else '- | -') + ' | '
+                     + ', '.join(f'{n}: {x:.3f} ({g}, {k} seed{"s" * (k > 1)})' for n, x, k, g in sorted(runs)) + ' | '
+                     + ' | '.join(verdicts[v][k][0] for k in ('flops', 'time')) + ' |')
     return '\n'.join(lines)
 
 
@@ -203,8 +291,12 @@ def report(draw=False):
     if grids['lr_sweep']:
         lrs = sorted({lr for v in cpu_grids.VARIANTS for lr in cpu_grids.sweep_lrs(v)})
         out += ['### lr_sweep', sweep_table(grids['lr_sweep'], list(cpu_grids.VARIANTS), lrs, cpu_grids.lr_tag), '']
+    st_path = GRIDS / 'main' / 'step_times.json'
+    step_times = json.loads(st_path.read_text())['seconds_per_step'] if st_path.exists() else None
     if grids['main']:
-        out += ['### summary', summary_table(grids, list(cpu_grids.VARIANTS)), '']
+        verdicts = equal_compute(grids, step_times)
+        out += ['### summary', summary_table(grids, [v for v in cpu_grids.VARIANTS if v in grids['main']], verdicts), '',
+                '### equal compute', equal_compute_table(grids, verdicts, step_times), '']
     for g in ['main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']:
         if grids[g]:
             out += [f'### {g}', grid_table(grids[g], iters_col=g in ('main_flops', 'main_time')), '']
