@@ -102,3 +102,14 @@ def test_equal_compute_verdicts_follow_from_runs_with_their_own_schedules():
     assert v['slow_good']['flops'][0].startswith('needs a run')
     assert v['slow_good_early']['flops'][0].startswith('better (500 its; 1.950 at 400)')
     assert v['sa']['time'][0] == 'not measured'
+
+
+def test_write_refreshes_marked_tables_only(tmp_path):
+    doc = tmp_path / 'R.md'
+    doc.write_text('prose\n<!-- table main -->\nold\n<!-- /table -->\nmore prose\n')
+    assert grid_report.write_results(doc, {'main': '| new |'}) == ['main']
+    assert doc.read_text() == 'prose\n<!-- table main -->\n| new |\n<!-- /table -->\nmore prose\n'
+    assert grid_report.write_results(doc, {'main': '| new |'}) == []
+    doc.write_text('<!-- table nope -->\nx\n<!-- /table -->\n')
+    with pytest.raises(SystemExit, match='nope'):
+        grid_report.write_results(doc, {'main': '| new |'})

@@ -56,7 +56,7 @@ MAIN_ITERS = 1000
 SECOND = ['sa', 'sa_w16', 'hfa2_pm', 'ha_share_w']  # the variants rerun on milton
 BPE = ['sa', 'ha_share_w']  # and on GPT-2 tokens
 CHEAP = ['sa', 'sa_w16', 'hfa', 'hfa_w16', 'hfa2_pm', 'hfa4_pm']  # 1.0-1.5x SA's step time on this CPU
-HA = ['ha_share_w', 'ha_noshare_w', 'ha_full']
+HA = ['ha_share_w', 'ha_noshare_w']  # ha_full (13x SA's step time here) is in lr_sweep only
 
 
 def lr_tag(lr):
@@ -84,11 +84,19 @@ def best_lrs(variants):
     return best
 
 
+def half_rate(tuned, names):
+    """These variants at half their best rate (the sweep's next rate down), as controls: is a
+    result the rate's? Every best rate sits one step below a rate at which the loss rises."""
+    return {f'{v}_lr{lr_tag(tuned[v]["learning_rate"] / 2)}': with_lr(VARIANTS[v], tuned[v]['learning_rate'] / 2)
+            for v in names if v in tuned}
+
+
 def main_cost(kind):
     """SA's training budget in main, and each variant's cost per iteration in the same unit."""
-    rows = {r['variant']: r for r in json.loads((GRIDS / 'main' / 'results.json').read_text())}
+    rows = {r['variant']: r for g in ('main', 'main_ha') if (GRIDS / g / 'results.json').exists()
+            for r in json.loads((GRIDS / g / 'results.json').read_text())}
     if kind == 'flops':
-        per_iter = {v: rows[v]['flops_per_token'] for v in VARIANTS}
+        per_iter = {v: rows[v]['flops_per_token'] for v in VARIANTS if v in rows}
     else:
         path = GRIDS / 'main' / 'step_times.json'
         if not path.exists():
@@ -117,8 +125,8 @@ def _grid(name, only):
     tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
     if name == 'main':  # config/compare_cpu.py: MAIN_ITERS iterations
         return {v: over for v, over in tuned.items() if v in CHEAP}, 3, {}
-    if name == 'main_ha':
-        return {v: over for v, over in tuned.items() if v in HA}, 3, {}
+    if name == 'main_ha':  # and SA at half its best rate: is SA's result the rate's?
+        return {**{v: over for v, over in tuned.items() if v in HA}, **half_rate(tuned, ['sa'])}, 3, {}
     if name == 'main_seeds':  # seeds 3 and 4 of main's variants (tools/grid_report.py pools them with main's)
         return {v: {**over, 'seeds': '3,4'} for v, over in tuned.items() if v in CHEAP}, 3, {}
     if name == 'every_variant':  # for tools/step_times.py: one step of each, no training
@@ -131,7 +139,7 @@ def _grid(name, only):
             variants[v] = {**over, 'max_iters': iters, 'lr_decay_iters': iters}
         return variants, 3, {}
     if name == 'milton':
-        return {v: tuned[v] for v in SECOND if v in tuned}, 3, dict(dataset='milton_char')
+        return {**{v: tuned[v] for v in SECOND if v in tuned}, **half_rate(tuned, ['sa', 'ha_share_w'])}, 3, dict(dataset='milton_char')
     if name == 'bpe':  # GPT-2 tokens: the 50,304-way output layer dominates, so half the batch and iterations
         return {v: tuned[v] for v in BPE if v in tuned}, 3, dict(dataset='shakespeare', batch_size=16, max_iters=500,
                                                       lr_decay_iters=500)

@@ -3,6 +3,7 @@ RESULTS.md's tables and figures, regenerated from the committed grids/<grid>/res
 
     python tools/grid_report.py                 # every table, as markdown, to stdout
     python tools/grid_report.py --figures       # also redraw assets/grid_*.png
+    python tools/grid_report.py --write         # refresh RESULTS.md's tables in place
 
 Nothing here trains or reads a run folder: the numbers come from the results.json files that
 compare.py wrote (per-seed final losses and learning curves), so the tables can be checked
@@ -30,8 +31,14 @@ NAMES = {  # how each variant reads in a table
     'hfa_w16': 'HFA A=2, window 16 (+16% params)', 'hfa2_pm': 'HFA A=2, params matched (dh 16)',
     'hfa4_pm': 'HFA A=4, params matched (dh 10)', 'ha_share_w': 'HA shared, windows 16 x 8',
     'ha_noshare_w': 'HA unshared, windows 16 x 8 (+16% params)', 'ha_full': 'HA shared, full (no window)',
-    'hybrid': '2 SA + 2 HFA heads',
+    'hybrid': '2 SA + 2 HFA heads', 'sa_lr4e-3': 'SA at half its best rate (4e-3)',
+    'ha_share_w_lr8e-3': 'HA shared, windows 16 x 8, at half its best rate (8e-3)',
 }
+
+
+def is_control(v):
+    """A variant rerun at another learning rate than its best (named v_lr<rate>)."""
+    return '_lr' in v
 
 
 def load(grid):
@@ -166,16 +173,19 @@ def summary_table(grids, variants, verdicts=None):
 
 def shorter_runs(grids, v):
     """(iterations, mean final val loss, seeds, grid) of v's runs with their own, shorter
-    schedules: lr_sweep (400 iterations, at v's best rate, one seed) and early (200)."""
+    schedule at its tuned learning rate: lr_sweep's best (400 iterations, one seed) and
+    main_flops / main_time (SA's budget at v's cost). The early grid (one rate for all) is
+    left out: a worse loss there may be the rate's."""
     out = []
     sweep = grids.get('lr_sweep') or {}
     mine = [r for name, r in sweep.items() if name.rsplit('_lr', 1)[0] == v]
     if mine:
         best = min(mine, key=lambda r: r['val_loss_mean'])
         out.append((best['iters'], best['val_loss_mean'], best['n_seeds'], 'lr_sweep'))
-    if v in (grids.get('early') or {}):
-        r = grids['early'][v]
-        out.append((r['iters'], r['val_loss_mean'], r['n_seeds'], 'early'))
+    for g in ('main_flops', 'main_time'):
+        if v in (grids.get(g) or {}):
+            r = grids[g][v]
+            out.append((r['iters'], float(np.mean(finals(r))), len(finals(r)), g))
     return out
 
 
@@ -194,6 +204,8 @@ def equal_compute(grids, step_times):
         cost['time'] = step_times
     out = {}
     for v, r in main.items():
+        if is_control(v):
+            continue
         runs = [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
         out[v] = {}
         for kind in ('flops', 'time'):
@@ -222,6 +234,8 @@ def equal_compute_table(grids, verdicts, step_times):
     lines = ['| variant | MFLOPs/tok | × SA | s/step (1 thread) | × SA | runs with own schedule (its: val loss) '
              '| at SA\'s FLOPs | at SA\'s time |', '|---|---|---|---|---|---|---|---|']
     for v, r in main.items():
+        if v not in verdicts:
+            continue
         runs = [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
         st = step_times.get(v) if step_times else None
         lines.append(f"| `{v}` | {r['flops_per_token'] / 1e6:.2f} | {r['flops_per_token'] / main[REF]['flops_per_token']:.2f} | "
@@ -278,33 +292,66 @@ def figures(grids):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--figures', action='store_true')
+    p.add_argument('--figures', action='store_true', help='also redraw assets/grid_*.png')
+    p.add_argument('--write', action='store_true',
+                   help="refresh RESULTS.md's tables in place (between <!-- table NAME --> and <!-- /table -->)")
     a = p.parse_args()
-    print(report(a.figures))
+    if a.write:
+        changed = write_results(ROOT / 'RESULTS.md', sections(a.figures))
+        print(f"RESULTS.md: {len(changed)} table{'s' * (len(changed) != 1)} refreshed ({', '.join(changed) or 'none'})")
+    else:
+        print(report(a.figures))
 
 
-def report(draw=False):
+def sections(draw=False):
+    """{name: markdown} of every table and ranking sentence the committed results give."""
     sys.path.insert(0, str(ROOT / 'tools'))
     import cpu_grids
     grids = {g: load(g) for g in cpu_grids.ORDER}
-    out = []
+    out = {}
     if grids['lr_sweep']:
         lrs = sorted({lr for v in cpu_grids.VARIANTS for lr in cpu_grids.sweep_lrs(v)})
-        out += ['### lr_sweep', sweep_table(grids['lr_sweep'], list(cpu_grids.VARIANTS), lrs, cpu_grids.lr_tag), '']
+        out['lr_sweep'] = sweep_table(grids['lr_sweep'], list(cpu_grids.VARIANTS), lrs, cpu_grids.lr_tag)
     st_path = GRIDS / 'main' / 'step_times.json'
     step_times = json.loads(st_path.read_text())['seconds_per_step'] if st_path.exists() else None
     if grids['main']:
         verdicts = equal_compute(grids, step_times)
-        out += ['### summary', summary_table(grids, [v for v in cpu_grids.VARIANTS if v in grids['main']], verdicts), '',
-                '### equal compute', equal_compute_table(grids, verdicts, step_times), '']
+        out['summary'] = summary_table(grids, [v for v in cpu_grids.VARIANTS if v in grids['main']], verdicts)
+        out['equal_compute'] = equal_compute_table(grids, verdicts, step_times)
     for g in ['main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']:
-        if grids[g]:
-            out += [f'### {g}', grid_table(grids[g], iters_col=g in ('main_flops', 'main_time')), '']
+        if grids[g] and g in ('main_flops', 'main_time'):  # against SA's own budget: main's 1000 iterations
+            out[g] = grid_table({REF: grids['main'][REF], **grids[g]}, iters_col=True)
+        elif grids[g]:
+            out[g] = grid_table(grids[g])
             if g in ('main', 'milton', 'bpe', 'early'):
-                out += [settle_table(grids[g])[0], '']
+                out[f'{g}_settle'] = settle_table(grids[g])[0]
     if draw:
         figures(grids)
-    return '\n'.join(out)
+    return out
+
+
+def report(draw=False):
+    return '\n'.join(f'### {name}\n{text}\n' for name, text in sections(draw).items())
+
+
+def write_results(path, tables):
+    """Replace each <!-- table NAME --> ... <!-- /table --> block of `path` with tables[NAME]."""
+    import re
+    text = path.read_text()
+    changed = []
+
+    def fill(m):
+        name = m.group(1)
+        if name not in tables:
+            raise SystemExit(f"RESULTS.md asks for table {name!r}, which the committed results do not give; "
+                             f"tables: {', '.join(tables)}")
+        new = f'<!-- table {name} -->\n{tables[name]}\n<!-- /table -->'
+        if new != m.group(0):
+            changed.append(name)
+        return new
+    text = re.sub(r'<!-- table (\S+) -->\n.*?<!-- /table -->', fill, text, flags=re.S)
+    path.write_text(text)
+    return changed
 
 
 if __name__ == '__main__':
