@@ -33,6 +33,7 @@ NAMES = {  # how each variant reads in a table
     'ha_noshare_w': 'HA unshared, windows 16 x 8 (+16% params)', 'ha_full': 'HA shared, full (no window)',
     'hybrid': '2 SA + 2 HFA heads', 'sa_lr4e-3': 'SA at half its best rate (4e-3)',
     'ha_share_w_lr8e-3': 'HA shared, windows 16 x 8, at half its best rate (8e-3)',
+    'sa_w16_lr4e-3': 'SA, window 16, at half its best rate (4e-3)',
 }
 
 
@@ -139,6 +140,33 @@ def settle_table(rows):
     return '\n'.join(lines), last_rank
 
 
+LOCALITY = [('sa_w16', 'sa'), ('hfa_w16', 'hfa'), ('ha_share_w', 'sa_w16'), ('ha_noshare_w', 'sa_w16'),
+            ('ha_noshare_w', 'ha_share_w'), ('hfa_w16', 'sa_w16')]
+RATES = [('sa_lr4e-3', 'sa'), ('ha_share_w_lr8e-3', 'ha_share_w'), ('sa_w16', 'sa_lr4e-3'),
+         ('hfa2_pm', 'sa_lr4e-3'), ('ha_share_w', 'sa_lr4e-3'), ('ha_noshare_w', 'sa_lr4e-3'),
+         ('ha_share_w_lr8e-3', 'sa_lr4e-3'), ('ha_share_w_lr8e-3', 'sa'),
+         ('sa_w16_lr4e-3', 'sa_w16'), ('sa_w16_lr4e-3', 'sa_lr4e-3'), ('ha_share_w_lr8e-3', 'sa_w16_lr4e-3'),
+         ('hfa2_pm', 'sa_w16_lr4e-3')]  # the half-rate controls
+HFA_ORDER = [('hfa2_pm', 'sa'), ('hfa4_pm', 'sa'), ('hfa4_pm', 'hfa2_pm'), ('hfa', 'hfa2_pm')]
+
+
+def pairs_table(rows, pairs):
+    """Final val loss of a against b: mean difference, its 95% Welch interval and p."""
+    from scipy import stats
+    lines = ['| a | b | seeds a, b | val loss a | val loss b | Δ (a - b) | 95% CI of Δ | p |', '|---|---|---|---|---|---|---|---|']
+    for a, b in pairs:
+        if a not in rows or b not in rows:
+            continue
+        x, y = np.array(finals(rows[a])), np.array(finals(rows[b]))
+        d = x.mean() - y.mean()
+        va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+        dof = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))  # Welch-Satterthwaite
+        half = stats.t.ppf(0.975, dof) * math.sqrt(va + vb)
+        lines.append(f'| `{a}` | `{b}` | {len(x)}, {len(y)} | {x.mean():.4f} | {y.mean():.4f} | {d:+.4f} | '
+                     f'[{d - half:+.4f}, {d + half:+.4f}] | {fmt_p(compare.welch_p(x, y))} |')
+    return '\n'.join(lines)
+
+
 def checkpoints(iters):
     """A handful of evaluation indices spread over the run."""
     n = len(iters)
@@ -166,7 +194,7 @@ def summary_table(grids, variants, verdicts=None):
     for v in variants:
         cells = [cell(grids[g][v], grids[g].get(REF)) if v in grids[g] else 'not run' for g, _ in cols]
         if verdicts:
-            cells += [verdicts[v][k][0] if v in verdicts else 'not run' for k in ('flops', 'time')]
+            cells += [verdicts[v][k][0] if v in verdicts else '-' for k in ('flops', 'time')]
         lines.append(f'| {NAMES.get(v, v)} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
@@ -316,15 +344,20 @@ def sections(draw=False):
     step_times = json.loads(st_path.read_text())['seconds_per_step'] if st_path.exists() else None
     if grids['main']:
         verdicts = equal_compute(grids, step_times)
-        out['summary'] = summary_table(grids, [v for v in cpu_grids.VARIANTS if v in grids['main']], verdicts)
+        controls = sorted({v for g in ('main', 'milton', 'bpe') for v in (grids[g] or {}) if is_control(v)})
+        out['summary'] = summary_table(grids, [v for v in cpu_grids.VARIANTS if v in grids['main']] + controls, verdicts)
         out['equal_compute'] = equal_compute_table(grids, verdicts, step_times)
+        out['locality'] = pairs_table(grids['main'], LOCALITY)
+        out['hfa_order'] = pairs_table(grids['main'], HFA_ORDER)
     for g in ['main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']:
         if grids[g] and g in ('main_flops', 'main_time'):  # against SA's own budget: main's 1000 iterations
             out[g] = grid_table({REF: grids['main'][REF], **grids[g]}, iters_col=True)
         elif grids[g]:
             out[g] = grid_table(grids[g])
             if g in ('main', 'milton', 'bpe', 'early'):
-                out[f'{g}_settle'] = settle_table(grids[g])[0]
+                out[f'{g}_settle'] = settle_table({v: r for v, r in grids[g].items() if not is_control(v)})[0]
+            if any(a in grids[g] and b in grids[g] for a, b in RATES):
+                out[f'{g}_rates'] = pairs_table(grids[g], RATES)
     if draw:
         figures(grids)
     return out
