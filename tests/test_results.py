@@ -47,7 +47,10 @@ def test_committed_statistics_follow_from_the_runs(grid):
     ref = next((r for r in rows if r['variant'] == 'sa'), None)
     for r in rows:
         x = np.array([run['val_loss'] for run in r['runs']])
-        assert len(x) == r['n_seeds'] == len(r['seeds']) and r['n_seeds'] > 0
+        assert len(x) == r['n_seeds'] == len(r['seeds'])
+        if not r['n_seeds']:  # planned, nothing finished: grid_report leaves it out of every table
+            assert r['failed'] and r['variant'] not in (grid_report.load(grid) or {})
+            continue
         assert not {f['seed'] for f in r['failed']} & set(r['seeds'])  # an unfinished seed is never counted
         assert r['val_loss_mean'] == pytest.approx(x.mean())
         assert [c[-1][1] for c in r['curves'].values()] == pytest.approx(list(x))  # final = last eval

@@ -114,12 +114,12 @@ def grid_table(rows, iters_col=False):
     return '\n'.join(lines)
 
 
-def settle_table(rows):
+def settle_table(rows, ref=REF):
     """When the ordering stopped changing: for the whole ranking of mean val loss, and for
     each variant against SA (the last evaluation at which the sign of the mean difference
     flipped, and the difference at a few points)."""
     data = {v: curves(r) for v, r in rows.items()}
-    iters = data[REF][0]
+    iters = data[ref][0]
     mean = {v: d[1].mean(0) for v, d in data.items()}
     order = [tuple(sorted(mean, key=lambda v: mean[v][e])) for e in range(len(iters))]
     changes = [iters[e] for e in range(2, len(iters)) if order[e] != order[e - 1]]  # from the 2nd eval on
@@ -127,13 +127,13 @@ def settle_table(rows):
     lines = [f"Ranking of all {len(rows)} means: last changed at iteration {last_rank} of {iters[-1]} "
              f"({len(changes)} changes after iteration {iters[1]}); final order: "
              + ' < '.join(f'`{v}`' for v in order[-1]) + '.', '',
-             '| variant | last sign flip of Δ vs SA (iteration) | ' +
+             f'| variant | last sign flip of Δ vs {"SA" if ref == REF else f"`{ref}`"} (iteration) | ' +
              ' | '.join(f'Δ at {iters[e]}' for e in checkpoints(iters)) + ' |',
              '|---|---|' + '---|' * len(checkpoints(iters))]
     for v in rows:
-        if v == REF:
+        if v == ref:
             continue
-        d = mean[v] - mean[REF]
+        d = mean[v] - mean[ref]
         flips = [iters[e] for e in range(2, len(iters)) if np.sign(d[e]) != np.sign(d[e - 1])]
         lines.append(f'| `{v}` | {flips[-1] if flips else "never"} | ' +
                      ' | '.join(f'{d[e]:+.3f}' for e in checkpoints(iters)) + ' |')
@@ -310,7 +310,7 @@ def figures(grids):
         st = GRIDS / 'main' / 'step_times.json'
         if st.exists():
             times = json.loads(st.read_text())['seconds_per_step']
-            plot_curves(main, ASSETS / 'grid_main_time.png',
+            plot_curves({v: r for v, r in main.items() if v in times}, ASSETS / 'grid_main_time.png',
                         'the same runs against CPU seconds (1 thread, measured step time)',
                         x_of=lambda v, r, it: it * times[v], xlabel='training seconds (one CPU thread)')
     for g, title in [('milton', 'Milton chars'), ('bpe', 'Shakespeare, GPT-2 tokens'), ('early', 'early training (200 its)')]:
@@ -356,6 +356,9 @@ def sections(draw=False):
             out[g] = grid_table(grids[g])
             if g in ('main', 'milton', 'bpe', 'early'):
                 out[f'{g}_settle'] = settle_table({v: r for v, r in grids[g].items() if not is_control(v)})[0]
+            half = {v: r for v, r in grids[g].items() if is_control(v) or v == 'hfa2_pm'}  # hfa2_pm's rate is 4e-3
+            if g == 'milton' and 'sa_lr4e-3' in half:  # the same, among the half-rate runs, against SA at 4e-3
+                out[f'{g}_half_settle'] = settle_table(half, ref='sa_lr4e-3')[0]
             if any(a in grids[g] and b in grids[g] for a, b in RATES):
                 out[f'{g}_rates'] = pairs_table(grids[g], RATES)
     if draw:
