@@ -159,6 +159,9 @@ def pairs_table(rows, pairs):
             continue
         x, y = np.array(finals(rows[a])), np.array(finals(rows[b]))
         d = x.mean() - y.mean()
+        if min(len(x), len(y)) < 2:  # no spread on one side: the difference only
+            lines.append(f'| `{a}` | `{b}` | {len(x)}, {len(y)} | {x.mean():.4f} | {y.mean():.4f} | {d:+.4f} | - | - |')
+            continue
         va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
         dof = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))  # Welch-Satterthwaite
         half = stats.t.ppf(0.975, dof) * math.sqrt(va + vb)
