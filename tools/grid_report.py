@@ -220,6 +220,12 @@ def shorter_runs(grids, v):
     return out
 
 
+def own_schedule_runs(grids, v):
+    """v's main run (1000 iterations) and its shorter runs, each with its own schedule."""
+    r = grids['main'][v]
+    return [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
+
+
 def equal_compute(grids, step_times):
     """Each variant against SA at SA's training FLOPs and at SA's training seconds in main.
 
@@ -237,7 +243,7 @@ def equal_compute(grids, step_times):
     for v, r in main.items():
         if is_control(v):
             continue
-        runs = [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
+        runs = own_schedule_runs(grids, v)
         out[v] = {}
         for kind in ('flops', 'time'):
             if kind not in cost or v not in cost[kind]:
@@ -267,7 +273,7 @@ def equal_compute_table(grids, verdicts, step_times):
     for v, r in main.items():
         if v not in verdicts:
             continue
-        runs = [(r['iters'], float(np.mean(finals(r))), len(finals(r)), 'main')] + shorter_runs(grids, v)
+        runs = own_schedule_runs(grids, v)
         st = step_times.get(v) if step_times else None
         lines.append(f"| `{v}` | {r['flops_per_token'] / 1e6:.2f} | {r['flops_per_token'] / main[REF]['flops_per_token']:.2f} | "
                      + (f"{st:.3f} | {st / step_times[REF]:.2f}" if st else '- | -') + ' | '
