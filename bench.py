@@ -22,7 +22,7 @@ Modes:
                  Variants: sa, linear, hfa_v1, hfa_v2, ha (config/ha.py: every 4th layer, windows
                  512 x 32), ha_r64 (config/ia_table.py: every layer, windows 64 x 64), sdpa_min
     kernel_fwd, kernel_bwd, kernel_fwd_bwd
-                 one attention kernel alone (kernels/, on CUDA by default): bf16, batch x heads
+                 one attention kernel alone (attention_kernels/, on CUDA by default): bf16, batch x heads
                  x T x dh at T in --kernel_seq_lens, dh in --kernel_head_dims, beside SDPA
                  (flash) at the same shape; TFLOP/s and the fraction of the device's dense bf16
                  peak (hardware.py). Rows: sdpa, linear, linear_norm, hfa_A1..A3, ha_win (windows
@@ -62,7 +62,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import hardware
-from kernels.masks import mean_visible
+from attention_kernels.masks import mean_visible
 from model import GPT, GPTConfig, make_attention
 
 VARIANTS = ['sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win']
@@ -227,7 +227,7 @@ def run_case(case):
 
 def _use_reference(attn):
     """Make an HA layer compute with hyper_attention_reference (every tuple materialised)."""
-    from kernels.hyperattention import hyper_attention_reference, pair_masks
+    from attention_kernels.hyperattention import hyper_attention_reference, pair_masks
     for g in attn.groups:
         c = g.cfg
 
@@ -346,7 +346,7 @@ def kernel_call(name, B, H, T, dh, dtype, device, window=(512, 32)):
     FLOPs count the visible pairs only (causal, windows), 2 per multiply-add, as
     Attention.mix_flops does: sdpa / linear 4 dh per (query, key); HFA (2 A dh + A - 1 + 2 dh);
     HA 4 dh per (query, key pair)."""
-    from kernels import ops
+    from attention_kernels import ops
     g = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape):
@@ -405,8 +405,8 @@ def kernel_case(name, B, H, T, dh, dtype, device, min_time, min_iters):
 def kernel_rows(args):
     """Every kernel row at every (T, dh), SDPA first at each shape; a row that fails (no
     kernel, out of memory) is recorded with its error and the sweep goes on."""
-    import kernels
-    kernels.load_triton()  # before the first custom op call, which may import triton itself
+    import attention_kernels
+    attention_kernels.load_triton()  # before the first custom op call, which may import triton itself
     dev = args.device
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[args.kernel_dtype]
     peak, peak_src = hardware.peak_flops(dev)

@@ -26,10 +26,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import kernels
-from kernels.hyperattention import hyper_attention_reference, linear_hyper_attention
-from kernels.masks import mean_visible, visible
-from kernels.ops import hfa_attention, hyper_attention, linear_attention
+import attention_kernels
+from attention_kernels.hyperattention import hyper_attention_reference, linear_hyper_attention
+from attention_kernels.masks import mean_visible, visible
+from attention_kernels.ops import hfa_attention, hyper_attention, linear_attention
 
 ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
 
@@ -58,7 +58,7 @@ class GPTConfig:
     ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
     attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
-    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch': who computes linear, hfa and ha (kernels/)
+    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch': who computes linear, hfa and ha (attention_kernels/)
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -83,8 +83,8 @@ class GPTConfig:
                              "window HyperAttention with ha_window1 / ha_window2")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
-        if self.kernel not in kernels.KERNELS:
-            raise ValueError(f"kernel must be one of {', '.join(kernels.KERNELS)}, not {self.kernel!r}")
+        if self.kernel not in attention_kernels.KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(attention_kernels.KERNELS)}, not {self.kernel!r}")
 
     def layer_attentions(self):
         if self.attn_layers:
@@ -121,7 +121,7 @@ class Heads(nn.Module):
         self.n_streams = self.n_q + self.n_k + self.n_v
         self.c_attn = nn.Linear(cfg.n_embd, self.n_streams * n_heads * self.dh, bias=cfg.bias)
         self.dropout = cfg.dropout
-        kernels.prepare(cfg.kernel)
+        attention_kernels.prepare(cfg.kernel)
 
     def forward(self, x, kv=None, offset=0):
         B, T, _ = x.shape
@@ -146,9 +146,9 @@ class Heads(nn.Module):
         return F.dropout(w, self.dropout, self.training) if self.dropout else w
 
     def backend(self, q, family, supported=True):
-        """'triton' or 'torch' (kernels.backend); the fused kernels apply no attention-weight
+        """'triton' or 'torch' (attention_kernels.backend); the fused kernels apply no attention-weight
         dropout, so while it is active the PyTorch path runs."""
-        return kernels.backend(self.cfg.kernel, q, family, supported and not (self.dropout and self.training))
+        return attention_kernels.backend(self.cfg.kernel, q, family, supported and not (self.dropout and self.training))
 
     def mix_flops(self, T):
         """Forward FLOPs per token, per head, of mixing keys into values (no projections)."""
@@ -179,7 +179,7 @@ class LinearHeads(Heads):
         head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
     Our choice: with linear_norm=True the sum is divided by the number of visible keys
     (i + 1, or the window), which keeps activations O(1) for long contexts; off by default.
-    With the Triton kernel (kernels/triton_linear.py) no T x T matrix is formed."""
+    With the Triton kernel (attention_kernels/triton_linear.py) no T x T matrix is formed."""
 
     def mix(self, q, k, v, offset):
         q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)
@@ -206,7 +206,7 @@ class HFAHeads(Heads):
     Fast path: (Q1 K1^T) * (Q2 K2^T) = (Q1 (x) Q2)(K1 (x) K2)^T with (x) the row-wise
     Kronecker product, so HFA is exactly SDPA on lifted queries/keys of width dh^A:
     memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto').
-    The Triton kernel (kernels/triton_hfa.py, softmax, A <= 4) multiplies the A score tiles
+    The Triton kernel (attention_kernels/triton_hfa.py, softmax, A <= 4) multiplies the A score tiles
     inside one flash-attention loop instead: no T x T tensor at any dh."""
     kron_max_width = 256
 
@@ -266,7 +266,7 @@ class HAHeads(Heads):
     [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
     windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
     (2-simplicial attention, Roy et al. 2025; for order >= 4 the slots beyond the second are
-    full). Order 3 runs blockwise with an online softmax (kernels/): no T x T x T
+    full). Order 3 runs blockwise with an online softmax (attention_kernels/): no T x T x T
     tensor. Order >= 4 uses the materialising reference.
     Dropout on the attention weights is not applied here (the kernel never forms them); the
     residual dropout after W_O is."""

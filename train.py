@@ -79,7 +79,7 @@ ha_share_kv = False             # HA with K2 = K1 and V2 = V1
 ha_window1 = 0                  # HA: j1 in the last w1 positions (0: full causal)
 ha_window2 = 0                  # HA: j2 in the last w2 positions (0: full causal)
 attn_window = 0                 # sliding window of sa, linear and hfa heads (0: full causal)
-kernel = 'auto'                 # auto | triton | torch: who computes linear, hfa, ha (kernels/)
+kernel = 'auto'                 # auto | triton | torch: who computes linear, hfa, ha (attention_kernels/)
 # adamw optimizer
 learning_rate = 6e-4            # peak learning rate
 max_iters = 600000              # total training iterations

@@ -1,7 +1,7 @@
-"""Shared by every test: the repository root is importable (model.py, kernels/) however
+"""Shared by every test: the repository root is importable (model.py, attention_kernels/) however
 pytest is invoked, and the session leaves no trace.
 
-- kernels is loaded first: on a machine without CUDA it imports triton with the interpreter
+- attention_kernels is loaded first: on a machine without CUDA it imports triton with the interpreter
   on (TRITON_INTERPRET for that import only), which must happen before anything else imports
   triton, so that the Triton kernels can be tested on CPU tensors.
 
@@ -66,9 +66,9 @@ def _state():
     return torch.get_default_dtype(), torch.get_num_threads(), env
 
 
-import kernels  # noqa: E402
+import attention_kernels  # noqa: E402
 
-kernels.load_triton()
+attention_kernels.load_triton()
 _STATE_AT_START = _state()
 
 

@@ -1,6 +1,6 @@
 """
 The Triton kernels against float64 references written from their formulas: outputs and
-every gradient, through the custom ops (kernels/ops.py) and their autograd.
+every gradient, through the custom ops (attention_kernels/ops.py) and their autograd.
 
 On a machine without CUDA they run in Triton's interpreter on CPU tensors (tiny sizes:
 T in {1, 17, 64}, dh in {16, 32} and an odd 20, windows, decoding offsets); with CUDA the
@@ -15,15 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import ops
-from kernels.masks import visible
+import attention_kernels
+from attention_kernels import ops
+from attention_kernels.masks import visible
 
-TRITON_ERROR = kernels.load_triton()
+TRITON_ERROR = attention_kernels.load_triton()
 pytestmark = pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}')
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
-has_ha = 'ha' in kernels._modules
+has_ha = 'ha' in attention_kernels._modules
 
 
 # -----------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def ha_names(shared):
 HA_SHAPES = [(1, 1, 0, True, (0, 0), 16), (17, 17, 0, True, (0, 0), 32), (64, 64, 0, True, (16, 8), 16),
              (64, 64, 0, True, (0, 5), 32), (5, 40, 35, True, (12, 4), 16), (1, 9, 8, True, (4, 2), 32),
              (17, 17, 0, False, (0, 0), 16), (17, 17, 0, True, (6, 3), 20)]
-needs_ha = pytest.mark.skipif(not has_ha, reason='kernels/triton_ha.py is not in this checkout')
+needs_ha = pytest.mark.skipif(not has_ha, reason='attention_kernels/triton_ha.py is not in this checkout')
 
 
 @needs_ha
@@ -287,7 +287,7 @@ def tiny_gpt(kernel, kw):
 @pytest.mark.parametrize('name', list(MODEL_VARIANTS))
 def test_gpt_triton_equals_torch(name):
     if 'ha' in MODEL_VARIANTS[name].get('attention', '') + MODEL_VARIANTS[name].get('attn_layers', '') and not has_ha:
-        pytest.skip('kernels/triton_ha.py is not in this checkout')
+        pytest.skip('attention_kernels/triton_ha.py is not in this checkout')
     idx = torch.randint(0, 17, (2, 19), generator=torch.Generator().manual_seed(1)).to(DEV)
     res = {}
     for kernel in ('torch', 'triton'):
@@ -301,11 +301,11 @@ def test_gpt_triton_equals_torch(name):
 
 def test_dispatch_follows_the_flag():
     x = torch.zeros(1, device=DEV, dtype=torch.float32)
-    assert kernels.backend('torch', x, 'hfa') == 'torch'
-    assert kernels.backend('triton', x, 'hfa') == 'triton'
-    assert kernels.backend('auto', x, 'hfa') == ('triton' if x.is_cuda else 'torch')  # auto: Triton on CUDA only
-    assert kernels.backend('triton', x, 'hfa', supported=False) == 'torch'
-    assert kernels.backend('triton', x.double(), 'hfa') == 'torch'  # float64: PyTorch only
+    assert attention_kernels.backend('torch', x, 'hfa') == 'torch'
+    assert attention_kernels.backend('triton', x, 'hfa') == 'triton'
+    assert attention_kernels.backend('auto', x, 'hfa') == ('triton' if x.is_cuda else 'torch')  # auto: Triton on CUDA only
+    assert attention_kernels.backend('triton', x, 'hfa', supported=False) == 'torch'
+    assert attention_kernels.backend('triton', x.double(), 'hfa') == 'torch'  # float64: PyTorch only
     model = tiny_gpt('triton', dict(attention='hfa_v1', dropout=0.1))
     heads = model.transformer.h[0].attn.groups[0]
     assert heads.backend(x, 'hfa') == 'torch'  # attention-weight dropout: only the PyTorch path has it
@@ -323,13 +323,13 @@ def test_kernel_flag_is_checked():
 # loading: the interpreter is switched on for triton's import only
 
 def test_interpreter_setting_does_not_leak():
-    assert os.environ.get('TRITON_INTERPRET') == kernels._triton['env_before']
+    assert os.environ.get('TRITON_INTERPRET') == attention_kernels._triton['env_before']
     if not torch.cuda.is_available():
         import subprocess
         import sys
         r = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get("TRITON_INTERPRET"))'],
                            capture_output=True, text=True)
-        assert r.stdout.strip() == str(kernels._triton['env_before'])
+        assert r.stdout.strip() == str(attention_kernels._triton['env_before'])
 
 
 # -----------------------------------------------------------------------------

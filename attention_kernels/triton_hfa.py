@@ -6,7 +6,7 @@ product of A score tiles,
     out_i   = sum_j softmax_j(s[i, :] over visible j) v_j,
 
 with one online softmax (running max and sum in fp32) and no T x T tensor. Visibility is
-kernels/masks.py's: causal, queries at an offset, the sliding window (pos - j < window).
+attention_kernels/masks.py's: causal, queries at an offset, the sliding window (pos - j < window).
 The value is one tensor: hfa_v2's Hadamard product of value streams is formed by the
 caller. Backward (two kernels, no atomics) recomputes the tiles from the saved
 logsumexp: with dS = P * (dP - D_i) and T_a = q_a k_a^T * scale,
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (LOG2E, _cast, _mm, _visible, block_sizes, dot_precision,
+from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, block_sizes, dot_precision,
                                    head_block, key_range, query_range, upcast_dots)
 
 

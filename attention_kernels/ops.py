@@ -16,8 +16,8 @@ layout. Shared keys/values are the same tensor passed twice; autograd sums their
 import torch
 from torch import Tensor
 
-import kernels
-from kernels import hyperattention as torch_ha
+import attention_kernels
+from attention_kernels import hyperattention as torch_ha
 
 
 def _lse_dtype(dtype):
@@ -26,7 +26,7 @@ def _lse_dtype(dtype):
 
 def _keeps_fp32(dtype):
     """bf16/fp16 forwards also return their fp32 output: backward's D_i = dO_i . O_i from
-    the rounded output would add most of the gradient error (kernels/triton_hfa.py)."""
+    the rounded output would add most of the gradient error (attention_kernels/triton_hfa.py)."""
     return dtype in (torch.bfloat16, torch.float16)
 
 
@@ -43,7 +43,7 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
             ) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, out32): out32 the PyTorch kernel's fp32 output for bf16/fp16 inputs, else empty."""
     if backend == 'triton':
-        out, lse = kernels.triton_module('ha').ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
+        out, lse = attention_kernels.triton_module('ha').ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
         return out, lse, _or_empty(None, q)
     out, lse, out32 = torch_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale,
                                            block_q, block_k)
@@ -63,7 +63,7 @@ def ha3_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, out: Tens
             block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     args = (q, k1, k2, v1, v2, out, lse, dout.contiguous(), offset, causal, window1, window2, scale)
     if backend == 'triton':
-        grads = kernels.triton_module('ha').ha3_backward(*args)
+        grads = attention_kernels.triton_module('ha').ha3_backward(*args)
     else:
         grads = torch_ha.ha3_backward(*args, block_q, block_k)
     return tuple(grads)
@@ -96,7 +96,7 @@ ha3_fwd.register_autograd(_ha3_backward, setup_context=_ha3_setup)
 def hfa_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, scale: float
             ) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, out32): out32 the fp32 output for bf16/fp16 inputs, else empty."""
-    out, lse, out32 = kernels.triton_module('hfa').hfa_forward(q, k, v, offset, causal, window, scale)
+    out, lse, out32 = attention_kernels.triton_module('hfa').hfa_forward(q, k, v, offset, causal, window, scale)
     return out, lse, _or_empty(out32, q)
 
 
@@ -109,7 +109,7 @@ def _(q, k, v, offset, causal, window, scale):
 @torch.library.custom_op('nanohfa::hfa_bwd', mutates_args=())
 def hfa_bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, offset: int, causal: bool,
             window: int, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    return kernels.triton_module('hfa').hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale)
+    return attention_kernels.triton_module('hfa').hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale)
 
 
 @hfa_bwd.register_fake
@@ -138,7 +138,7 @@ hfa_fwd.register_autograd(_hfa_backward, setup_context=_hfa_setup)
 @torch.library.custom_op('nanohfa::linear_fwd', mutates_args=())
 def linear_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, norm: bool,
                scale: float) -> Tensor:
-    return kernels.triton_module('linear').linear_forward(q, k, v, offset, causal, window, norm, scale)
+    return attention_kernels.triton_module('linear').linear_forward(q, k, v, offset, causal, window, norm, scale)
 
 
 @linear_fwd.register_fake
@@ -149,7 +149,7 @@ def _(q, k, v, *args):
 @torch.library.custom_op('nanohfa::linear_bwd', mutates_args=())
 def linear_bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, offset: int, causal: bool, window: int,
                norm: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    return kernels.triton_module('linear').linear_backward(q, k, v, dout, offset, causal, window, norm, scale)
+    return attention_kernels.triton_module('linear').linear_backward(q, k, v, dout, offset, causal, window, norm, scale)
 
 
 @linear_bwd.register_fake
@@ -183,7 +183,7 @@ def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2
     shared keys (values). Equals hyper_attention_reference with pair_masks, in value and
     gradient, on either backend."""
     B, H, Tq, dh = q.shape
-    be = kernels.backend(kernel, q, 'ha')
+    be = attention_kernels.backend(kernel, q, 'ha')
     if not causal:
         window1 = window2 = 0
     qf, k1f, v1f = _flat(q), _flat(k1), _flat(v1)

@@ -40,8 +40,8 @@ def load_triton():
     _triton['tried'] = True
     interpret = not torch.cuda.is_available()
     if interpret and 'triton' in sys.modules and not _interpreting(sys.modules['triton']):
-        _triton['error'] = ("triton was imported before kernels on a machine without CUDA, so its "
-                            "interpreter cannot be switched on; import kernels first or use kernel='torch'")
+        _triton['error'] = ("triton was imported before attention_kernels on a machine without CUDA, so its "
+                            "interpreter cannot be switched on; import attention_kernels first or use kernel='torch'")
         return _triton['error']
     old = _triton['env_before'] = os.environ.get('TRITON_INTERPRET')
     try:
@@ -52,9 +52,9 @@ def load_triton():
             triton.knobs.runtime.interpret = True  # kept by triton for this process
         for family, name in FAMILIES.items():
             try:
-                _modules[family] = importlib.import_module(f'kernels.{name}')
+                _modules[family] = importlib.import_module(f'{__name__}.{name}')
             except ModuleNotFoundError as e:
-                if e.name != f'kernels.{name}':
+                if e.name != f'{__name__}.{name}':
                     raise
     except Exception as e:  # no triton, or one too old for these kernels
         _triton['error'] = f"triton cannot be used here: {type(e).__name__}: {e}"

@@ -1,9 +1,9 @@
 """
-Pieces shared by the Triton kernels: the visibility rule of kernels/masks.py on tiles, the
+Pieces shared by the Triton kernels: the visibility rule of attention_kernels/masks.py on tiles, the
 key (query) blocks a query (key) block has to visit, dots with fp32 accumulation, and the
 tile sizes.
 
-Triton compiles for GPUs only. On a machine without CUDA, kernels/__init__.py imports
+Triton compiles for GPUs only. On a machine without CUDA, attention_kernels/__init__.py imports
 triton with its interpreter switched on (TRITON_INTERPRET=1 for that import only), so the
 same kernels run on CPU tensors, slowly: that is how CI tests them. The interpreter (triton 3.9)
 multiplies bfloat16 tiles as their raw bits and truncates fp32 -> bf16 casts, so there bf16

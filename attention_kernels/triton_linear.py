@@ -5,7 +5,7 @@ Linear attention in Triton ([IA] Eq. 1): the softmax removed, nothing else,
 
 c_i = 1, or with `norm` the number of keys query i sees (linear_norm). Blockwise like flash
 attention (the quadratic form: no T x T tensor, no state of size dh x dh), visibility as
-kernels/masks.py (causal, offset, sliding window). Backward, two kernels without atomics:
+attention_kernels/masks.py (causal, offset, sliding window). Backward, two kernels without atomics:
 with g_i = dO_i / c_i,
     dq_i = scale sum_j (g_i . v_j) k_j,   dk_j = scale sum_i (g_i . v_j) q_i,   dv_j = sum_i s_ij g_i.
 Inputs fp32, bf16 or fp16; dots accumulate in fp32; any head size (padded, masked loads).
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (_cast, _mm, _visible, block_sizes, dot_precision, head_block, key_range,
+from attention_kernels.triton_common import (_cast, _mm, _visible, block_sizes, dot_precision, head_block, key_range,
                                    query_range, upcast_dots)
 
 

@@ -8,7 +8,7 @@ HyperAttention kernels in PyTorch ([IA] Def 6.1, App. F): softmax over tuples of
 definition, for any order, used for order >= 4 and as a check.
 
 `ha3_forward` / `ha3_backward` are order 3 (pairs of keys), exact, and never build a
-Tq x Tk x Tk tensor (kernels/ops.py makes them one autograd op, `hyper_attention`):
+Tq x Tk x Tk tensor (attention_kernels/ops.py makes them one autograd op, `hyper_attention`):
 
 - flash-attention style. For a block of bq queries and a block of b1 first keys, the
   logits against every visible second key are ONE matmul,
@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from kernels.masks import visible
+from attention_kernels.masks import visible
 
 # exp of arguments below this floor is denormal or zero in float32, which CPUs compute
 # ~30x slower; the floor's own weight, 5e-38, is far below the precision of any row sum
