@@ -227,7 +227,7 @@ def run_case(case):
 
 def _use_reference(attn):
     """Make an HA layer compute with hyper_attention_reference (every tuple materialised)."""
-    from attention_kernels.hyperattention import hyper_attention_reference, pair_masks
+    from attention_kernels.ha.pytorch import hyper_attention_reference, pair_masks
     for g in attn.groups:
         c = g.cfg
 

@@ -27,7 +27,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention_kernels
-from attention_kernels.hyperattention import hyper_attention_reference, linear_hyper_attention
+from attention_kernels.ha.pytorch import hyper_attention_reference, linear_hyper_attention
 from attention_kernels.masks import mean_visible, visible
 from attention_kernels.ops import hfa_attention, hyper_attention, linear_attention
 
@@ -179,7 +179,7 @@ class LinearHeads(Heads):
         head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
     Our choice: with linear_norm=True the sum is divided by the number of visible keys
     (i + 1, or the window), which keeps activations O(1) for long contexts; off by default.
-    With the Triton kernel (attention_kernels/triton_linear.py) no T x T matrix is formed."""
+    With the Triton kernel (attention_kernels/linear/triton.py) no T x T matrix is formed."""
 
     def mix(self, q, k, v, offset):
         q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)
@@ -206,7 +206,7 @@ class HFAHeads(Heads):
     Fast path: (Q1 K1^T) * (Q2 K2^T) = (Q1 (x) Q2)(K1 (x) K2)^T with (x) the row-wise
     Kronecker product, so HFA is exactly SDPA on lifted queries/keys of width dh^A:
     memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto').
-    The Triton kernel (attention_kernels/triton_hfa.py, softmax, A <= 4) multiplies the A score tiles
+    The Triton kernel (attention_kernels/hfa/triton.py, softmax, A <= 4) multiplies the A score tiles
     inside one flash-attention loop instead: no T x T tensor at any dh."""
     kron_max_width = 256
 

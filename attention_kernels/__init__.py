@@ -2,11 +2,11 @@
 Attention kernels, kept apart from the model (model.py states the maths and calls these).
 
     masks.py           which keys a query may read (causal, offset, windows)
-    hyperattention.py  HyperAttention in PyTorch: blockwise order 3, the materialising
-                       reference for any order, linear HA by prefix sums
-    triton_hfa.py      HyperFeatureAttention in Triton (A = 1..4 score tiles, one softmax)
-    triton_linear.py   linear attention in Triton (no softmax, optional 1/(visible keys))
-    triton_ha.py       HyperAttention order 3 in Triton
+    ha/                HyperAttention: pytorch.py (blockwise order 3, the materialising
+                       reference for any order, linear HA by prefix sums), triton.py (order 3)
+    hfa/triton.py      HyperFeatureAttention in Triton (A = 1..4 score tiles, one softmax)
+    linear/triton.py   linear attention in Triton (no softmax, optional 1/(visible keys))
+    triton_common.py   pieces the Triton kernels share
     ops.py             each kernel as a torch.library custom op, with autograd and a fake
                        (meta) implementation, so torch.compile traces through them
 
@@ -24,7 +24,7 @@ import sys
 import torch
 
 KERNELS = ('auto', 'triton', 'torch')
-FAMILIES = {'hfa': 'triton_hfa', 'linear': 'triton_linear', 'ha': 'triton_ha'}
+FAMILIES = {'hfa': 'hfa.triton', 'linear': 'linear.triton', 'ha': 'ha.triton'}
 
 _triton = {'tried': False, 'error': None, 'env_before': None}  # filled once by load_triton()
 _modules = {}

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 import attention_kernels
-from attention_kernels import hyperattention as torch_ha
+from attention_kernels.ha import pytorch as torch_ha
 
 
 def _lse_dtype(dtype):
@@ -26,7 +26,7 @@ def _lse_dtype(dtype):
 
 def _keeps_fp32(dtype):
     """bf16/fp16 forwards also return their fp32 output: backward's D_i = dO_i . O_i from
-    the rounded output would add most of the gradient error (attention_kernels/triton_hfa.py)."""
+    the rounded output would add most of the gradient error (attention_kernels/hfa/triton.py)."""
     return dtype in (torch.bfloat16, torch.float16)
 
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from attention_kernels.hyperattention import _spans, hyper_attention_reference, linear_hyper_attention, pair_masks
+from attention_kernels.ha.pytorch import _spans, hyper_attention_reference, linear_hyper_attention, pair_masks
 from attention_kernels.ops import hyper_attention as softmax_hyper_attention
 from model import GPT, GPTConfig, HFAHeads, KVCache
 
@@ -187,7 +187,7 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
 def test_ha_kernels_make_no_host_sync(windows):
     """Block masks come from positions (Python ints), never from reading a tensor back:
     no nonzero / item / int(tensor) in the forward or backward of either HA kernel."""
-    from attention_kernels import hyperattention as H
+    from attention_kernels.ha import pytorch as H
     flat = [t.detach().reshape(4, t.size(-2), t.size(-1)).float() for t in inputs(9, 12, seed=4)]
     with OpRecorder() as rec:
         out, lse, _ = H.ha3_forward(*flat, 3, True, *windows, 0.5, 4, 3)

@@ -234,7 +234,7 @@ def ha_names(shared):
 HA_SHAPES = [(1, 1, 0, True, (0, 0), 16), (17, 17, 0, True, (0, 0), 32), (64, 64, 0, True, (16, 8), 16),
              (64, 64, 0, True, (0, 5), 32), (5, 40, 35, True, (12, 4), 16), (1, 9, 8, True, (4, 2), 32),
              (17, 17, 0, False, (0, 0), 16), (17, 17, 0, True, (6, 3), 20)]
-needs_ha = pytest.mark.skipif(not has_ha, reason='attention_kernels/triton_ha.py is not in this checkout')
+needs_ha = pytest.mark.skipif(not has_ha, reason='attention_kernels/ha/triton.py is not in this checkout')
 
 
 @needs_ha
@@ -287,7 +287,7 @@ def tiny_gpt(kernel, kw):
 @pytest.mark.parametrize('name', list(MODEL_VARIANTS))
 def test_gpt_triton_equals_torch(name):
     if 'ha' in MODEL_VARIANTS[name].get('attention', '') + MODEL_VARIANTS[name].get('attn_layers', '') and not has_ha:
-        pytest.skip('attention_kernels/triton_ha.py is not in this checkout')
+        pytest.skip('attention_kernels/ha/triton.py is not in this checkout')
     idx = torch.randint(0, 17, (2, 19), generator=torch.Generator().manual_seed(1)).to(DEV)
     res = {}
     for kernel in ('torch', 'triton'):

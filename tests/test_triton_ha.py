@@ -1,4 +1,4 @@
-"""The Triton kernels of order-3 HyperAttention (attention_kernels/triton_ha.py) against the definition.
+"""The Triton kernels of order-3 HyperAttention (attention_kernels/ha/triton.py) against the definition.
 
     logit[i, j1, j2] = scale * sum_s q[i,s] k1[j1,s] k2[j2,s],  one softmax over the visible
     pairs, out[i] = sum P[i, j1, j2] v1[j1] * v2[j2];  query i at position offset + i.
@@ -22,13 +22,13 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA GPU')
 
 
 def _child_call(name, args=(), kwargs=None):
-    import attention_kernels.triton_ha as module
+    import attention_kernels.ha.triton as module
     attr = getattr(module, name)
     return attr(*args, **(kwargs or {})) if callable(attr) else attr
 
 
 class Interpreted:
-    """attention_kernels.triton_ha with every call made in a child process under TRITON_INTERPRET=1."""
+    """attention_kernels.ha.triton with every call made in a child process under TRITON_INTERPRET=1."""
 
     def __init__(self):
         saved = os.environ.get('TRITON_INTERPRET')
@@ -57,7 +57,7 @@ class Interpreted:
 def tha():
     """(module, device): the compiled kernels on CUDA, else the interpreted ones on CPU."""
     if CUDA:
-        import attention_kernels.triton_ha as module
+        import attention_kernels.ha.triton as module
         yield module, 'cuda'
         return
     module = Interpreted()

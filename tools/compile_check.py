@@ -1,5 +1,5 @@
 """
-Compile the Triton kernels of attention_kernels/triton_hfa.py and attention_kernels/triton_linear.py for NVIDIA
+Compile the Triton kernels of attention_kernels/hfa/triton.py and attention_kernels/linear/triton.py for NVIDIA
 GPUs without one: Triton's front end, its GPU passes and ptxas (shipped with the triton
 wheel) run on any Linux machine. This catches what the CPU interpreter cannot (typing of
 loop-carried values, register limits, unsupported ops) before GPU time is spent.
@@ -31,8 +31,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from attention_kernels import triton_common as common  # noqa: E402
-from attention_kernels import triton_hfa as hfa  # noqa: E402
-from attention_kernels import triton_linear as lin  # noqa: E402
+from attention_kernels.hfa import triton as hfa  # noqa: E402
+from attention_kernels.linear import triton as lin  # noqa: E402
 
 TT = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
 FP32_POINTERS = {'LSE', 'DELTA', 'O32'}
