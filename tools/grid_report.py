@@ -283,6 +283,220 @@ def equal_compute_table(grids, verdicts, step_times):
 
 
 # -----------------------------------------------------------------------------
+# the long study: report-half losses, paired seeds, a settle rule that sees gaps, stalls, Holm
+
+def report_finals(row):
+    """{seed: final loss on the report half} of a report_split row."""
+    return {r['seed']: r['report_loss'] for r in row['runs']}
+
+
+def paired(a, b):
+    """Seed k of a against seed k of b (the same data order): (seeds, differences a - b,
+    mean, 95% t-interval half-width, two-sided paired t-test p)."""
+    from scipy import stats
+    fa, fb = report_finals(a), report_finals(b)
+    seeds = sorted(set(fa) & set(fb))
+    d = np.array([fa[s] - fb[s] for s in seeds])
+    if len(d) < 2:
+        return seeds, d, float(d.mean()) if len(d) else float('nan'), float('nan'), float('nan')
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return seeds, d, float(d.mean()), float(half), float(stats.ttest_1samp(d, 0.0).pvalue)
+
+
+def welch_interval(x, y):
+    """Mean difference x - y, the half-width of its 95% Welch interval, and Welch's p."""
+    from scipy import stats
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    dof = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
+    return float(x.mean() - y.mean()), float(stats.t.ppf(0.975, dof) * math.sqrt(va + vb)), compare.welch_p(x, y)
+
+
+def holm(pvalues):
+    """Holm's step-down adjustment of a family of p-values (same order as given): the k-th
+    smallest is multiplied by (m - k + 1), and adjusted values never decrease with rank."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def gap_curves(a, b):
+    """Evaluation iterations and the per-seed gap a - b of the selection-half loss at each."""
+    seeds = sorted(set(a['curves']) & set(b['curves']), key=int)
+    n = min(len(row['curves'][s]) for s in seeds for row in (a, b))
+    iters = np.array([p[2] for p in a['curves'][seeds[0]][:n]])
+    gap = np.array([[pa[1] - pb[1] for pa, pb in zip(a['curves'][s][:n], b['curves'][s][:n])] for s in seeds])
+    return iters, gap
+
+
+SETTLE_ALPHA = 0.05
+
+
+def settle(a, b):
+    """The settle rule of RESULTS.md for a pair: settled when (1) the sign of the mean gap
+    (over seeds, selection half) has not changed over the last half of training, and (2) the
+    gap's slope over the last third is not distinguishable from zero: each seed's gap is fitted
+    by least squares against iteration over the last third, and the seeds' slopes are tested
+    against zero with a one-sample t-test (seeds are independent; evaluations within a run are
+    not), two-sided, at SETTLE_ALPHA. Returns a dict: settled, the last sign change of the
+    mean gap, the mean slope per 1000 iterations with its 95% interval and p, and a verdict."""
+    from scipy import stats
+    iters, gap = gap_curves(a, b)
+    mean = gap.mean(0)
+    flips = [int(iters[e]) for e in range(1, len(iters)) if np.sign(mean[e]) != np.sign(mean[e - 1])]
+    last_flip = flips[-1] if flips else None
+    end = iters[-1]
+    order_stable = last_flip is None or last_flip <= end / 2
+    tail = iters >= end * 2 / 3
+    slopes = np.array([np.polyfit(iters[tail], g[tail], 1)[0] * 1000 for g in gap])
+    if len(slopes) > 1:
+        p = float(stats.ttest_1samp(slopes, 0.0).pvalue)
+        half = float(stats.t.ppf(0.975, len(slopes) - 1) * slopes.std(ddof=1) / math.sqrt(len(slopes)))
+    else:
+        p, half = float('nan'), float('nan')
+    slope = float(slopes.mean())
+    flat = not (p < SETTLE_ALPHA)
+    closing = np.sign(slope) != np.sign(mean[-1])
+    if order_stable and flat:
+        verdict = 'settled'
+    elif not order_stable:
+        verdict = f'not settled: order changed at iteration {last_flip}'
+    else:
+        verdict = f"not settled: gap {'closing' if closing else 'opening'} at {abs(slope):.3f} per 1000 its"
+    return {'settled': order_stable and flat, 'last_flip': last_flip, 'slope': slope, 'slope_half': half,
+            'slope_p': p, 'verdict': verdict, 'end': int(end)}
+
+
+STALL_STDS, STALL_FLOOR = 5.0, 0.01
+
+
+def stalled_seeds(finals_by_seed):
+    """Seeds whose final loss sits more than STALL_STDS standard deviations of the other seeds
+    above the other seeds' median (the std floored at STALL_FLOOR, so that a gap below 0.05
+    nats is never called a stall), or is not finite. Needs 3 or more seeds."""
+    out = []
+    for s, x in finals_by_seed.items():
+        others = np.array([y for t, y in finals_by_seed.items() if t != s and np.isfinite(y)])
+        if not np.isfinite(x):
+            out.append(s)
+        elif len(others) >= 2 and x - np.median(others) > STALL_STDS * max(others.std(ddof=1), STALL_FLOOR):
+            out.append(s)
+    return sorted(out)
+
+
+def long_grids():
+    """{length: {variant: row}} of the long study's grids (each run at its variant's chosen rate)."""
+    out = {}
+    for grid, iters in (('long1k', 1000), ('long3k', 3000), ('long', 6000)):
+        path = GRIDS / grid / 'results.json'
+        if not path.exists():
+            continue
+        rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
+        out[iters] = {r.rsplit('_lr', 1)[0]: r for r in rows.values()}
+    return out
+
+
+def long_rates_table(path=None):
+    """The rate choice: each variant's two candidate rates, seed 0 at full length, final loss
+    on the selection half; the lower is chosen (the report half plays no part)."""
+    rows = json.loads((path or GRIDS / 'long' / 'results.json').read_text())
+    by_variant = {}
+    for r in rows:
+        v, lr = r['variant'].rsplit('_lr', 1)
+        seed0 = next((x for x in r['runs'] if x['seed'] == 0), None)
+        if seed0 is not None:
+            by_variant.setdefault(v, []).append((lr, seed0['val_loss'], r['n_seeds']))
+    lines = ['| variant | rate | selection-half loss, seed 0 | rate | selection-half loss, seed 0 | chosen |',
+             '|---|---|---|---|---|---|']
+    for v, cands in by_variant.items():
+        cands.sort(key=lambda c: -float(c[0]))  # the higher rate first
+        best = min(cands, key=lambda c: c[1])
+        cells = [x for lr, loss, _ in cands for x in (lr, f'{loss:.4f}')]
+        lines.append(f'| `{v}` | ' + ' | '.join(cells) + f' | {best[0]} |')
+    return '\n'.join(lines)
+
+
+def long_variant_table(rows):
+    """Per variant: the report-half loss over its seeds, with and without stalled seeds."""
+    lines = ['| variant | params | MFLOPs/tok | rate | seeds | report loss | 95% CI | median | stalled seeds '
+             '| mean without stalls |', '|---|---|---|---|---|---|---|---|---|---|']
+    for v, r in rows.items():
+        f = report_finals(r)
+        x = np.array(list(f.values()))
+        mean, std, ci = compare.mean_std_ci(x)
+        st = stalled_seeds(f)
+        kept = [y for s, y in f.items() if s not in st]
+        lines.append(f"| `{v}` | {r['params']:,} | {r['flops_per_token'] / 1e6:.2f} | {r['variant'].rsplit('_lr', 1)[1]} "
+                     f"| {len(x)} | {mean:.4f} ± {std:.4f} | [{mean - ci:.4f}, {mean + ci:.4f}] | {np.median(x):.4f} "
+                     f"| {', '.join(map(str, st)) or 'none'} | " + (f'{np.mean(kept):.4f}' if st else '-') + ' |')
+    return '\n'.join(lines)
+
+
+LONG_PAIRS = [('ha_share_w', 'sa_w16'), ('ha_noshare_w', 'sa_w16'), ('ha_share_w', 'sa'), ('ha_noshare_w', 'sa'),
+              ('sa_w16', 'sa'), ('ha_noshare_w', 'ha_share_w')]
+KEY_PAIR = ('ha_share_w', 'sa_w16')
+
+
+def long_family(grids):
+    """The summary's family of claims: every LONG_PAIRS pair at the full length and the key pair
+    at each shorter length, as (length, a, b, paired result); Holm-adjusted over the family."""
+    family = []
+    for length, rows in sorted(grids.items()):
+        pairs = LONG_PAIRS if length == max(grids) else [KEY_PAIR]
+        for a, b in pairs:
+            if a in rows and b in rows:
+                family.append((length, a, b, paired(rows[a], rows[b])))
+    adjusted = holm([res[4] for *_, res in family])
+    return [(length, a, b, res, adj) for (length, a, b, res), adj in zip(family, adjusted)]
+
+
+def long_pairs_table(grids):
+    """Each claim of the family: paired difference (report half), its interval and p, Holm's p,
+    Welch's beside it, and the settle verdict (selection-half curves)."""
+    lines = ['| iterations | a | b | seeds | Δ (a - b), paired | 95% CI | p | p, Holm | Welch Δ [95% CI], p '
+             '| a better in | settle (selection half) |', '|---|---|---|---|---|---|---|---|---|---|---|']
+    for length, a, b, (seeds, d, mean, half, p), adj in long_family(grids):
+        rows = grids[length]
+        wd, wh, wp = welch_interval(list(report_finals(rows[a]).values()), list(report_finals(rows[b]).values()))
+        st = settle(rows[a], rows[b])
+        lines.append(f'| {length} | `{a}` | `{b}` | {len(seeds)} | {mean:+.4f} | [{mean - half:+.4f}, {mean + half:+.4f}] '
+                     f'| {fmt_p(p)} | {fmt_p(adj)}{" *" if adj < 0.05 else ""} | {wd:+.4f} [{wd - wh:+.4f}, {wd + wh:+.4f}], '
+                     f'{fmt_p(wp)} | {int((d < 0).sum())} of {len(d)} | {st["verdict"]} |')
+    return '\n'.join(lines)
+
+
+def long_settle_table(grids):
+    """The settle rule's numbers for every pair of the family at its length."""
+    lines = ['| iterations | a | b | last sign change of the mean gap | gap at the end (selection half) '
+             '| slope over the last third, per 1000 its [95% CI] | p | settled |', '|---|---|---|---|---|---|---|---|']
+    for length, a, b, *_ in long_family(grids):
+        rows = grids[length]
+        st = settle(rows[a], rows[b])
+        _, gap = gap_curves(rows[a], rows[b])
+        lines.append(f"| {length} | `{a}` | `{b}` | {st['last_flip'] or 'never'} | {gap.mean(0)[-1]:+.4f} "
+                     f"| {st['slope']:+.4f} [{st['slope'] - st['slope_half']:+.4f}, {st['slope'] + st['slope_half']:+.4f}] "
+                     f"| {fmt_p(st['slope_p'])} | {'yes' if st['settled'] else 'no'} |")
+    return '\n'.join(lines)
+
+
+def long_trend_table(grids):
+    """The key pair at every length: each variant's report-half loss and the paired gap."""
+    a, b = KEY_PAIR
+    lines = [f'| iterations | `{a}` | `{b}` | Δ, paired [95% CI] | seeds with `{a}` better |', '|---|---|---|---|---|']
+    for length, rows in sorted(grids.items()):
+        if a in rows and b in rows:
+            seeds, d, mean, half, p = paired(rows[a], rows[b])
+            fa, fb = (np.array(list(report_finals(rows[v]).values())) for v in (a, b))
+            lines.append(f'| {length} | {fa.mean():.4f} ± {fa.std(ddof=1):.4f} | {fb.mean():.4f} ± {fb.std(ddof=1):.4f} '
+                         f'| {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] | {int((d < 0).sum())} of {len(d)} |')
+    return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------
 # figures
 
 def plot_curves(rows, path, title, x_of=None, xlabel='iteration', zoom_from=None):
