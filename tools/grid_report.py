@@ -34,6 +34,7 @@ NAMES = {  # how each variant reads in a table
     'hybrid': '2 SA + 2 HFA heads', 'sa_lr4e-3': 'SA at half its best rate (4e-3)',
     'ha_share_w_lr8e-3': 'HA shared, windows 16 x 8, at half its best rate (8e-3)',
     'sa_w16_lr4e-3': 'SA, window 16, at half its best rate (4e-3)',
+    'hfa2_pm_lr2e-3': 'HFA A=2, params matched, at half its best rate (2e-3)',
 }
 
 
@@ -54,6 +55,8 @@ def load(grid):
             if r['variant'] in rows:
                 rows[r['variant']] = pooled(rows[r['variant']], r)
         rows.update(load('main_ha') or {})
+    if grid in ('milton', 'bpe'):  # controls added later, with the same settings and seeds
+        rows.update(load(f'{grid}_more') or {})
     return rows
 
 
@@ -146,7 +149,8 @@ RATES = [('sa_lr4e-3', 'sa'), ('ha_share_w_lr8e-3', 'ha_share_w'), ('sa_w16', 's
          ('hfa2_pm', 'sa_lr4e-3'), ('ha_share_w', 'sa_lr4e-3'), ('ha_noshare_w', 'sa_lr4e-3'),
          ('ha_share_w_lr8e-3', 'sa_lr4e-3'), ('ha_share_w_lr8e-3', 'sa'),
          ('sa_w16_lr4e-3', 'sa_w16'), ('sa_w16_lr4e-3', 'sa_lr4e-3'), ('ha_share_w_lr8e-3', 'sa_w16_lr4e-3'),
-         ('hfa2_pm', 'sa_w16_lr4e-3')]  # the half-rate controls
+         ('hfa2_pm', 'sa_w16_lr4e-3'), ('hfa2_pm_lr2e-3', 'hfa2_pm'), ('hfa2_pm_lr2e-3', 'sa_lr4e-3'),
+         ('hfa2_pm_lr2e-3', 'sa_w16_lr4e-3'), ('ha_share_w_lr8e-3', 'hfa2_pm_lr2e-3')]  # the half-rate controls
 HFA_ORDER = [('hfa2_pm', 'sa'), ('hfa4_pm', 'sa'), ('hfa4_pm', 'hfa2_pm'), ('hfa', 'hfa2_pm')]
 
 
@@ -282,6 +286,69 @@ def equal_compute_table(grids, verdicts, step_times):
     return '\n'.join(lines)
 
 
+def document_tests(grids):
+    """Every Welch test this file reports for the 1000-iteration grids (each table's p vs SA
+    and each pair table's p), once each: [(grid, a, b, p)]."""
+    tests, seen = [], set()
+
+    def add(g, rows, a, b):
+        if a in rows and b in rows and (g, a, b) not in seen and min(len(finals(rows[a])), len(finals(rows[b]))) >= 2:
+            seen.add((g, a, b))
+            tests.append((g, a, b, compare.welch_p(finals(rows[a]), finals(rows[b]))))
+    for g in ('main', 'main_flops', 'early', 'milton', 'bpe'):
+        rows = grids.get(g)
+        if not rows:
+            continue
+        if g == 'main_flops':
+            rows = {REF: grids['main'][REF], **rows}
+        for v in rows:
+            add(g, rows, v, REF)
+        for a, b in (LOCALITY + HFA_ORDER + RATES if g == 'main' else RATES):
+            add(g, rows, a, b)
+    return tests
+
+
+def stall_table(rows):
+    """Per variant: the seeds the stall rule flags (final val loss), and the mean and median
+    with and without them."""
+    lines = ['| variant | seeds | final val loss per seed | stalled | mean | median | mean without stalled |',
+             '|---|---|---|---|---|---|---|']
+    for v, r in rows.items():
+        f = {x['seed']: x['val_loss'] for x in r['runs']}
+        st = stalled_seeds(f) if len(f) >= 3 else []
+        kept = [x for s, x in f.items() if s not in st]
+        lines.append(f"| `{v}` | {len(f)} | {', '.join(f'{x:.3f}' for x in f.values())} | {', '.join(map(str, st)) or 'none'} "
+                     f"| {np.mean(list(f.values())):.4f} | {np.median(list(f.values())):.4f} | "
+                     + (f'{np.mean(kept):.4f}' if st else '-') + ' |')
+    return '\n'.join(lines)
+
+
+def without_stalls(rows):
+    """The rows with every stalled seed left out (the rule of stalled_seeds, on final val loss)."""
+    out = {}
+    for v, r in rows.items():
+        f = {x['seed']: x['val_loss'] for x in r['runs']}
+        st = set(stalled_seeds(f)) if len(f) >= 3 else set()
+        out[v] = {**r, 'runs': [x for x in r['runs'] if x['seed'] not in st],
+                  'curves': {s: c for s, c in r['curves'].items() if int(s) not in st},
+                  'seeds': [s for s in r['seeds'] if s not in st], 'n_seeds': r['n_seeds'] - len(st)}
+    return out
+
+
+def corrections_table(grids):
+    """The tests of document_tests with p < 0.05, and what is left of each after Holm's
+    correction over all of them."""
+    tests = document_tests(grids)
+    adjusted = holm([p for *_, p in tests])
+    lines = [f'{len(tests)} Welch tests in the tables of the 1000-iteration grids; {sum(p < 0.05 for *_, p in tests)} '
+             f'have p < 0.05 on their own, {sum(q < 0.05 for q in adjusted)} after Holm\'s correction over all {len(tests)}.',
+             '', '| grid | a | b | p | p, Holm over the file | survives |', '|---|---|---|---|---|---|']
+    for (g, a, b, p), q in sorted(zip(tests, adjusted), key=lambda t: t[0][3]):
+        if p < 0.05:
+            lines.append(f'| {g} | `{a}` | `{b}` | {fmt_p(p)} | {fmt_p(q)} | {"yes" if q < 0.05 else "no"} |')
+    return '\n'.join(lines)
+
+
 # -----------------------------------------------------------------------------
 # the long study: report-half losses, paired seeds, a settle rule that sees gaps, stalls, Holm
 
@@ -391,13 +458,41 @@ def stalled_seeds(finals_by_seed):
 def long_grids():
     """{length: {variant: row}} of the long study's grids (each run at its variant's chosen rate)."""
     out = {}
-    for grid, iters in (('long1k', 1000), ('long3k', 3000), ('long', 6000)):
+    for grid, iters in (('long1k', 1000), ('long3k', 3000), ('long', LONG_ITERS)):
         path = GRIDS / grid / 'results.json'
         if not path.exists():
             continue
         rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
         out[iters] = {r.rsplit('_lr', 1)[0]: r for r in rows.values()}
     return out
+
+
+LONG_ITERS = 6000
+
+
+def plot_long(longs):
+    """Selection-half loss of the long study's variants against iteration, at each length
+    (mean over seeds, band: min..max), one panel per length and a zoom on the last half."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    lengths = sorted(longs)
+    fig, axes = plt.subplots(1, len(lengths) + 1, figsize=(5.5 * (len(lengths) + 1), 4.3), squeeze=False)
+    for ax, length in zip(axes[0], lengths + [max(lengths)]):
+        zoom = ax is axes[0][-1]
+        for v, r in longs[length].items():
+            iters, val, _ = curves(r)
+            keep = iters >= (length / 2 if zoom else 100)
+            line, = ax.plot(iters[keep], val.mean(0)[keep], label=f'{v} (n={len(val)})', lw=1.3)
+            ax.fill_between(iters[keep], val.min(0)[keep], val.max(0)[keep], color=line.get_color(), alpha=0.15)
+        ax.set_title(f'{length} iterations' + (': last half' if zoom else ''))
+        ax.set_xlabel('iteration')
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel('selection-half loss (nats/char)')
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(ASSETS / 'grid_long.png', dpi=100)
+    plt.close(fig)
 
 
 def long_rates_table(path=None):
@@ -572,6 +667,13 @@ def sections(draw=False):
         out['equal_compute'] = equal_compute_table(grids, verdicts, step_times)
         out['locality'] = pairs_table(grids['main'], LOCALITY)
         out['hfa_order'] = pairs_table(grids['main'], HFA_ORDER)
+    if grids['main']:
+        out['corrections'] = corrections_table(grids)
+        out['main_stalls'] = stall_table(grids['main'])
+        out['main_nostall'] = grid_table(without_stalls(grids['main']))
+        out['locality_nostall'] = pairs_table(without_stalls(grids['main']), LOCALITY)
+    if grids['milton']:
+        out['milton_stalls'] = stall_table(grids['milton'])
     for g in ['main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']:
         if grids[g] and g in ('main_flops', 'main_time'):  # against SA's own budget: main's 1000 iterations
             out[g] = grid_table({REF: grids['main'][REF], **grids[g]}, iters_col=True)
@@ -584,8 +686,18 @@ def sections(draw=False):
                 out[f'{g}_half_settle'] = settle_table(half, ref='sa_lr4e-3')[0]
             if any(a in grids[g] and b in grids[g] for a, b in RATES):
                 out[f'{g}_rates'] = pairs_table(grids[g], RATES)
+    if (GRIDS / 'long' / 'results.json').exists():
+        out['long_rates'] = long_rates_table()
+    longs = long_grids()
+    if longs.get(LONG_ITERS):
+        out['long_variants'] = long_variant_table(longs[LONG_ITERS])
+        out['long_pairs'] = long_pairs_table(longs)
+        out['long_settle'] = long_settle_table(longs)
+        out['long_trend'] = long_trend_table(longs)
     if draw:
         figures(grids)
+        if longs.get(LONG_ITERS):
+            plot_long(longs)
     return out
 
 
