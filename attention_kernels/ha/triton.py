@@ -645,3 +645,34 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
 
 # Decided when the kernels are decorated: TRITON_INTERPRET=1 at import runs them on CPU tensors.
 _INTERPRET = not isinstance(_ha3_fwd_kernel, triton.runtime.JITFunction)
+
+
+# -----------------------------------------------------------------------------
+# what tools/compile_check.py compiles
+
+def default_split(dtype):
+    return dtype != torch.float32
+
+
+def plan(Tq, Tk, dh, wa, wb, override=None):
+    dp, fwd, dq, da, db = _configs(Tq, Tk, dh, wa, wb, override)
+    return dict(dp=dp, fwd=fwd, dq=dq, da=da, db=db)
+
+
+def kernels_of(p, dtype):
+    yield 'ha_fwd', _ha3_fwd_kernel, p['fwd']
+    yield 'ha_bwd_dq', _ha3_bwd_dq_kernel, p['dq']
+    yield 'ha_bwd_da', _ha3_bwd_da_kernel, p['da']
+    yield 'ha_bwd_db', _ha3_bwd_db_kernel, p['db']
+
+
+def step_shape(name, c, split):
+    """(rows, cols, tile matmuls the formula needs per step, of which useful)."""
+    s = 2 if split else 0
+    if name == 'ha_fwd':
+        return c['G'] * c['BA'], c['BB'], 2, 2
+    if name == 'ha_bwd_dq':
+        return c['G'] * c['BA'], c['BB'], 3, 1
+    if name == 'ha_bwd_da':
+        return c['JA'] * c['BU'], c['BB'], 4, 2
+    return c['BB'], c['G'] * c['BA'], 4, 2

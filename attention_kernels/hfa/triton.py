@@ -287,3 +287,14 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
                                             offset, win, scale, BM=BM, BN=BN, num_warps=warps,
                                             num_stages=stages, **common)
     return dq, dk, dv
+
+
+def compiled_kernels(kind, base, BM, BN, dtype):
+    """For tools/compile_check.py: (name, kernel, constexprs, tile matmuls per step that the
+    formula needs, of which useful) of the forward ('fwd') or the backward ('bwd')."""
+    A = base['A']
+    if kind == 'fwd':
+        yield 'hfa_fwd', _hfa_fwd, dict(base, BM=BM, BN=BN, KEEP32=dtype != torch.float32), A + 1, A + 1
+    else:
+        yield 'hfa_bwd_dq', _hfa_bwd_dq, dict(base, BM=BM, BN=BN), 2 * A + 1, A
+        yield 'hfa_bwd_dkdv', _hfa_bwd_dkdv, dict(base, BM=BM, BN=BN), 2 * A + 2, A + 2

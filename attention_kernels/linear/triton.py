@@ -162,3 +162,13 @@ def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     _linear_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, dk, dv, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
                                                num_warps=warps, num_stages=stages, **meta)
     return dq, dk, dv
+
+
+def compiled_kernels(base, BD, dtype):
+    """For tools/compile_check.py: (name, kernel, constexprs, (warps, stages), (rows, cols)
+    of a step, tile matmuls per step that the formula needs, of which useful)."""
+    BM, BN, w, s = block_sizes('linear_fwd', BD, 1, dtype)
+    yield 'linear_fwd', _linear_fwd, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 2
+    BM, BN, w, s = block_sizes('linear_bwd', BD, 1, dtype)
+    yield 'linear_bwd_dq', _linear_bwd_dq, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 1
+    yield 'linear_bwd_dkdv', _linear_bwd_dkdv, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 4, 3
