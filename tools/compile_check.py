@@ -162,7 +162,7 @@ def loop_stats(sass, warps):
         hm = sum(mma_flops(s) for s in loop if 'HMMA' in s and 'HGMMA' not in s)
         flops = hg * (warps // 4) + hm * warps
         if flops:
-            out.append(dict(flops=flops, instr=len(loop), mufu=sum('MUFU.EX2' in s for s in loop),
+            out.append(dict(flops=flops, mma_sync_flops=hm * warps, instr=len(loop), mufu=sum('MUFU.EX2' in s for s in loop),
                             mma_instr=sum(('HGMMA' in s or 'HMMA' in s) for s in loop),
                             stl=sum('STL' in s for s in loop)))
     return out
@@ -172,8 +172,11 @@ def model(loop, warps):
     """Cycles per step of one block on one SM (sm_90), and the fraction of peak:
     tensor time t_mma = FLOPs / 4096; issue time = instructions per warp x warps / 4
     schedulers; exp time = MUFU.EX2 per warp x 32 lanes x warps / 16. Full overlap:
-    max of the three; none: t_mma + max(issue, exp). The estimate takes the mean."""
-    t_mma = loop['flops'] / SM90_MMA_FLOP_PER_CYCLE
+    max of the three; none: t_mma + max(issue, exp). The estimate takes the mean of the two
+    step times. Latencies (memory, barriers, dependent instructions) are not modelled."""
+    # mma.sync (HMMA) on Hopper: counted at half the wgmma rate (an assumption: FlashAttention-2,
+    # built on it, peaks near half of FlashAttention-3's throughput on H100)
+    t_mma = (loop['flops'] + loop['mma_sync_flops']) / SM90_MMA_FLOP_PER_CYCLE
     t_issue = loop['instr'] * warps / SCHEDULERS
     t_exp = loop['mufu'] * 32 * warps / MUFU_LANES_PER_CYCLE
     best = max(t_mma, t_issue, t_exp)
@@ -207,6 +210,8 @@ def analyse(case, k, arch):
             rec.update(t_mma=m['t_mma'], t_issue=m['t_issue'], t_exp=m['t_exp'],
                        est=m['est'] * scale, best=m['best'] * scale, worst=m['worst'] * scale,
                        cycles=m['t_mma'] / m['est'], pairs=case.rows * case.cols)
+            # t_mma counts executed work; the fraction of peak counts the formula's
+            rec['est'] = min(rec['est'], 1.0)
     else:
         rec['mma_per_step'] = 0.0
     return rec
@@ -215,14 +220,14 @@ def analyse(case, k, arch):
 # -----------------------------------------------------------------------------
 # the configurations the wrappers choose
 
-def ha_cases(dtypes, dhs, geometries):
+def ha_cases(dtypes, dhs, geometries, split_name=''):
     """HA order 3 at T = 4096: full causal and windows (512, 32) (the GPU configs' shape),
     and one non-causal case."""
     for dtype, dh, (T, w1, w2, causal) in itertools.product(dtypes, dhs, geometries):
         swap, wa, wb = ha._geometry(T, T, 0, causal, w1, w2)
         prec = 'ieee' if dtype == torch.float32 else 'tf32'
-        split = ha.default_split(dtype)
-        plan = ha.plan(T, T, dh, wa, wb)
+        split = ha.SPLITS[split_name] if split_name and dtype != torch.float32 else ha.default_split(dtype)
+        plan = ha.plan(T, T, dh, wa, wb, dtype)
         note = f"T={T} w=({w1},{w2}){'' if causal else ' noncausal'}"
         for kname, fn, c in ha.kernels_of(plan, dtype):
             c = dict(c)
@@ -230,28 +235,29 @@ def ha_cases(dtypes, dhs, geometries):
             rows, cols, formula, useful = ha.step_shape(kname, c, split)
             cx = dict(CAUSAL=causal, DH=dh, DP=plan['dp'], PREC=prec, EMU=False, **c)
             if 'SPLIT' in fn.arg_names:
-                cx['SPLIT'] = split
+                cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' else split
             yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note)
 
 
 def hfa_linear_cases(dtypes, bds, causals, families):
     for dtype, BD, causal in itertools.product(dtypes, bds, causals):
         prec = common.dot_precision(dtype)
+        nc = '' if causal else ' noncausal'
         if 'hfa' in families:
             for A in [1, 2, 3, 4]:
                 base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=prec)
                 BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype)
                 for kname, fn, cx, formula, useful in hfa.compiled_kernels('fwd', base, BM, BN, dtype):
-                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}')
+                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
                 BM, BN, w, s = common.block_sizes('hfa_bwd', BD, A, dtype)
                 for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
-                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}')
+                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
         if 'linear' in families:
             for norm in [False, True]:
                 base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
                 for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype):
                     yield Case('linear', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
-                               f'norm={norm}')
+                               f'norm={norm}' + nc)
 
 
 def cases(args):
@@ -263,7 +269,9 @@ def cases(args):
         geos = [(4096, 512, 32, True), (4096, 0, 0, True)]
         if not args.quick:
             geos.append((4096, 0, 0, False))
-        yield from ha_cases(dtypes, dhs, geos)
+        if args.ha_geometry:
+            geos = [g for g in geos if args.ha_geometry == ('windows' if g[1] else 'full' if g[3] else 'noncausal')]
+        yield from ha_cases(dtypes, dhs, geos, args.ha_split)
     yield from hfa_linear_cases(dtypes, dhs, [True] if args.quick else [True, False], fams)
 
 
@@ -275,6 +283,32 @@ def check(rec):
     if rec['smem'] > rec['smem_limit']:
         bad.append(f"shared memory {rec['smem']} B > {rec['smem_limit']} B")
     return bad
+
+
+def summary(recs):
+    """Per family, dtype, head block and configuration on sm_90: the forward, backward and
+    forward + backward fraction of the dense peak by the model, from each kernel's cycles per
+    (row, column) pair of its step. Useful FLOPs per pair: forward = the formula's useful
+    tile matmuls x 2 x head block; backward = 2 x forward (bench.py's convention)."""
+    groups = {}
+    for r in recs:
+        if 'cycles' in r:
+            groups.setdefault((r['family'], r['dtype'], r['tile'][2], r['note']), []).append(r)
+    out = []
+    for (fam, dt, hd, note), rs in groups.items():
+        fwd = [r for r in rs if r['kernel'].endswith('_fwd')]
+        bwd = [r for r in rs if not r['kernel'].endswith('_fwd')]
+        if len(fwd) != 1 or not bwd:
+            continue
+        per_pair = lambda r: r['cycles'] / r['pairs']
+        useful = fwd[0]['useful'] * 2 * hd  # FLOPs per pair of the forward
+        c_f, c_b = per_pair(fwd[0]), sum(per_pair(r) for r in bwd)
+        out.append(dict(family=fam, dtype=dt, hd=hd, note=note, fwd=useful / (SM90_MMA_FLOP_PER_CYCLE * c_f),
+                        bwd=2 * useful / (SM90_MMA_FLOP_PER_CYCLE * c_b),
+                        fwd_bwd=3 * useful / (SM90_MMA_FLOP_PER_CYCLE * (c_f + c_b)),
+                        bwd_mma_per_step=sum(r['mma_per_step'] for r in bwd),
+                        cycles_per_pair=dict(fwd=c_f, bwd=c_b)))
+    return out
 
 
 def line(rec):
@@ -295,6 +329,10 @@ def main():
     p.add_argument('--dtypes', default='', help='e.g. bf16,fp32 (default: all, or --quick\'s)')
     p.add_argument('--dh', default='', help='head sizes, e.g. 64,128')
     p.add_argument('--json', default='', help='write every record to this file')
+    p.add_argument('--ha_geometry', default='', choices=['', 'windows', 'full', 'noncausal'],
+                   help='HA at T = 4096 with windows (512, 32), full causal or non-causal (default: all)')
+    p.add_argument('--ha_split', default='', choices=['', 'none', 'logits', 'both'],
+                   help="HA backward's lane-product split (default: the wrapper's)")
     args = p.parse_args()
     failed, recs, t0 = 0, [], time.time()
     print(f"triton {triton.__version__}, torch {torch.__version__}")
@@ -313,9 +351,14 @@ def main():
             bad = check(rec)
             failed += bool(bad)
             print(f"{'BAD ' if bad else 'ok  '}  {line(rec)}{'  <- ' + '; '.join(bad) if bad else ''}", flush=True)
+    summ = summary([r for r in recs if r['arch'] == 90])
+    for x in summ:
+        print(f"model sm_90 {x['family']:<6} {x['dtype']} hd={x['hd']} {x['note']:<22}: forward {100 * x['fwd']:.0f}%,"
+              f" backward {100 * x['bwd']:.0f}% ({x['bwd_mma_per_step']:.1f} tile matmuls per step),"
+              f" forward + backward {100 * x['fwd_bwd']:.0f}% of the dense peak")
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(triton=triton.__version__, records=recs), f, indent=1)
+            json.dump(dict(triton=triton.__version__, records=recs, summary=summ), f, indent=1)
     n_bad = sum(bool(check(r)) for r in recs)
     print(f"{len(recs) - n_bad} ok, {failed} failed or over a limit, in {time.time() - t0:.0f} s")
     sys.exit(1 if failed else 0)
