@@ -26,7 +26,7 @@ O(T dh) is written: out and the per-query logsumexp lse (float32).
 
 Backward, deterministic (no atomics), each kernel owning what it writes and recomputing
 P = exp(logit - lse) from the saved lse; dP = dO_i . (va * vb), dS = P (dP - D_i),
-D_i = dO_i . out_i (precomputed, O(T)):
+D_i = dO_i . out_i (precomputed, O(T), from the forward's float32 output when given):
   _ha3_bwd_dq_kernel   query blocks, lanes (i, ja), sweep b columns: Gk = dS @ kb;
                        dq_i = scale sum_ja ka * Gk.
   _ha3_bwd_da_kernel   blocks of a keys, lanes (ja, i) (the queries that see ja), sweep b
@@ -34,14 +34,20 @@ D_i = dO_i . out_i (precomputed, O(T)):
                        dka = scale sum_i q_i * Gk,  dva = sum_i dO_i * Gv.
   _ha3_bwd_db_kernel   blocks of b keys (columns), loop over the lane tiles that see them:
                        dkb = scale dS^T @ (q * ka),  dvb = P^T @ (dO * va).
+dq and slot a are not one kernel: they need the same dS but sum it along different axes
+(queries vs a keys), and without atomics one program cannot own both sums. From head size
+128 each slot's dk and dv are two launches (one accumulator each fits the registers).
 Statistics, accumulators and gradient sums are float32 whatever the input dtype; matmul
 inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane row is a
-product of two inputs, which the input dtype rounds to half its digits; the backward
-therefore feeds it to the logit and dP matmuls as hi + lo (two matmuls), which keeps bf16
-gradients within ~1.5x of bf16 SDPA's error.
+product of two inputs, which the input dtype rounds to half its digits; split_products
+('logits', 'both') feeds it to the logit (and dP) matmuls as hi + lo, two matmuls each,
+in the forward and the backward alike (they must agree: P = exp(logit - lse)). Default
+'none': measured errors in docs/performance.md.
 
-Matmuls per (lane tile x column block), for FLOP accounting: forward 2; backward 5 (dq),
-6 (slot a), 6 (slot b) with the split, 3, 4, 4 without it.
+Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2; backward
+3 (dq) + 4 (slot a) + 4 (slot b) = 11 without the split, one more per split operand and
+kernel; one warp group (4 warps) per 64 tile rows, so no tile is computed twice
+(tools/compile_check.py counts them in the compiled code).
 """
 
 
@@ -579,16 +585,20 @@ def default_split(dtype):
 DEFAULT_SPLIT = 'none'
 SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two launches
 
-# Tiles per (dtype class, padded head size), each kernel's (rows, cols, pipeline stages):
-# the lane kernels' (forward, dq, slot a) lane rows and b-key columns; the slot-b kernel's
-# b-key rows and lane columns. Rows are 64 per warp group (see _warps). From 128 on, each
-# slot's dk and dv are two launches (SPLIT_DA_FROM). Chosen with tools/compile_check.py: the
-# largest tiles with no register spill on sm_90 and shared memory within the limit.
+# Tiles per (dtype class, padded head size), each kernel's (rows, cols, pipeline stages[,
+# warps]): the lane kernels' (forward, dq, slot a; da_k: slot a's dk launch where it
+# differs) lane rows and b-key columns; the slot-b kernel's b-key rows and lane columns.
+# Rows are 64 per warp group (see _warps). From 128 on, each slot's dk and dv are two
+# launches (SPLIT_DA_FROM). Chosen with tools/compile_check.py: the largest tiles with no
+# register spill on sm_90 and shared memory within the limit. At 128, dq and slot a's dk
+# spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
+# take two: spill-free, but the second computes the logits and dP again (5 tile matmuls
+# per step instead of 3).
 TILES = {
     'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
             32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
             64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2)),
-            128: dict(fwd=(128, 32, 2), dq=(64, 16, 1), da=(64, 16, 2), db=(64, 32, 2)),
+            128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
              32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
@@ -611,15 +621,18 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16):
     def cols(bb, spread):  # no wider than the b keys one tile can see
         return max(16, min(bb, _pow2(span_b + spread)))
 
-    def by_query(rows, bb, stages):
+    def by_query(rows, bb, stages, warps=None):
         G, BA = _lanes(min(wa, Tk), rows, Tq)
-        return dict(G=G, BA=BA, BB=cols(bb, G), num_warps=_warps(G * BA), num_stages=stages)
+        warps = warps if warps and G * BA == rows else _warps(G * BA)  # a shrunk tile: its own
+        return dict(G=G, BA=BA, BB=cols(bb, G), num_warps=warps, num_stages=stages)
 
     fwd = by_query(*t['fwd'])
     dq = by_query(*t['dq'])
-    rows, bb, stages = t['da']
+    rows, bb, stages = t['da'][:3]
     JA, BU = _lanes(min(wa, Tq), rows, Tk)  # a keys owned, queries per key
     da = dict(JA=JA, BU=BU, BB=cols(bb, JA + BU), num_warps=_warps(JA * BU), num_stages=stages, PARTS=parts)
+    if 'da_k' in t and len(t['da_k']) > 3 and JA * BU == t['da_k'][0]:
+        da['K_WARPS'] = t['da_k'][3]  # warps of the dk launch (PART 1)
     rows, lanes, stages = t['db']
     G, BA = _lanes(min(wa, Tk), lanes, Tq)
     BBD = max(16, min(rows, _pow2(Tk)))
@@ -631,6 +644,15 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16):
     if 'BBD' in o:
         db['BB'] = o['BBD']
     return dp, fwd, dq, da, db
+
+
+def _launch(c, part):
+    """A backward kernel's launch options for one PART: its configuration less the plan's
+    keys, with the dk launch's own warps where it has them."""
+    out = {k: v for k, v in c.items() if k not in ('PARTS', 'K_WARPS')}
+    if part == 1 and 'K_WARPS' in c:
+        out['num_warps'] = c['K_WARPS']
+    return out
 
 
 def _head_chunks(N, most=65535):
@@ -743,11 +765,11 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
             for part in ca['PARTS']:
                 _ha3_bwd_da_kernel[(triton.cdiv(Tk, ca['JA']), h.stop - h.start)](
                     *ins, dka[h], dva[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), PART=part, **common,
-                    **{k: v for k, v in ca.items() if k != 'PARTS'})
+                    **_launch(ca, part))
             for part in cb['PARTS']:
                 _ha3_bwd_db_kernel[(triton.cdiv(Tk, cb['BB']), h.stop - h.start)](
                     *ins, dkb[h], dvb[h], Tq, Tk, offset, wa, wb, qk_scale, PART=part, **common,
-                    **{k: v for k, v in cb.items() if k != 'PARTS'})
+                    **_launch(cb, part))
     return dq, dk1, dk2, dv1, dv2
 
 
@@ -767,12 +789,10 @@ def kernels_of(p, dtype):
     """(name, kernel, configuration) of the forward and the three backward kernels."""
     yield 'ha_fwd', _ha3_fwd_kernel, dict(p['fwd'], KEEP32=dtype != torch.float32)  # SPLIT: compile_check
     yield 'ha_bwd_dq', _ha3_bwd_dq_kernel, p['dq']
-    da = {k: v for k, v in p['da'].items() if k != 'PARTS'}
     for part in p['da']['PARTS']:
-        yield ('ha_bwd_da', 'ha_bwd_dka', 'ha_bwd_dva')[part], _ha3_bwd_da_kernel, dict(da, PART=part)
-    db = {k: v for k, v in p['db'].items() if k != 'PARTS'}
+        yield ('ha_bwd_da', 'ha_bwd_dka', 'ha_bwd_dva')[part], _ha3_bwd_da_kernel, dict(_launch(p['da'], part), PART=part)
     for part in p['db']['PARTS']:
-        yield ('ha_bwd_db', 'ha_bwd_dkb', 'ha_bwd_dvb')[part], _ha3_bwd_db_kernel, dict(db, PART=part)
+        yield ('ha_bwd_db', 'ha_bwd_dkb', 'ha_bwd_dvb')[part], _ha3_bwd_db_kernel, dict(_launch(p['db'], part), PART=part)
 
 
 def step_shape(name, c, split):
