@@ -78,6 +78,12 @@ def sync_counts(data, work, iters=(6, 16), extra=()):
     return out
 
 
+def schedule_args(iters):
+    """train.py's schedule for a run of `iters` steps: warmup shorter than the decay, which
+    train.py's get_lr divides by (iters = 2 with warmup 2 divided by zero)."""
+    return [f'--max_iters={iters}', f'--lr_decay_iters={iters}', f'--warmup_iters={min(2, max(iters - 1, 0))}']
+
+
 def runs_to_make(wanted=()):
     """(name, config file, overrides) of every distinct GPU model; `wanted` names (a run's
     name or its part after ':') are chosen before models are merged, so `sa` runs as sa."""
@@ -129,9 +135,7 @@ def main():
     results = []
     for name, path, overrides in runs_to_make(wanted):
         cmd = [sys.executable, str(ROOT / 'train.py'), path, *compare.as_args(overrides),
-               f'--data_dir={data}', f'--out_dir={work / name.replace(":", "_")}', f'--max_iters={args.iters}',
-               f'--lr_decay_iters={args.iters}', f'--warmup_iters={min(2, max(args.iters - 1, 0))}',
-               f'--eval_interval={args.iters}',
+               f'--data_dir={data}', f'--out_dir={work / name.replace(":", "_")}', *schedule_args(args.iters), f'--eval_interval={args.iters}',
                '--eval_iters=2', '--log_interval=5', f'--gradient_accumulation_steps={args.accum}',
                '--compile=True', '--wandb_log=False', '--always_save_checkpoint=False', *args.extra]
         t0 = time.time()
