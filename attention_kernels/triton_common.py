@@ -103,9 +103,14 @@ def block_sizes(kind, BD, A, dtype):
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
     if kind.endswith('fwd'):
         return (64, 32, 4, stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    # backward, without spills on sm_90 (tools/compile_check.py): A = 3 at dh 128 takes 32 x 16
+    # tiles, whose 4 warps compute some score tiles twice (11 tile matmuls per step for 7);
+    # 32 x 32 spilled 48-112 B there; A = 4 takes 16-row tiles (mma.sync)
     if BD > 64:
-        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages)
-    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else (32, 32, 4, stages)
+        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages) if A == 2 else \
+            (32, 16, 4, stages) if A == 3 else (16, 32, 4, stages)
+    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else \
+        (32, 32, 4, stages) if A == 3 else (16, 32, 4, stages)
 
 
 def device_of(t):

@@ -176,13 +176,14 @@ def model(loop, warps):
     step times. Latencies (memory, barriers, dependent instructions) are not modelled."""
     # mma.sync (HMMA) on Hopper: counted at half the wgmma rate (an assumption: FlashAttention-2,
     # built on it, peaks near half of FlashAttention-3's throughput on H100)
+    t_peak = loop['flops'] / SM90_MMA_FLOP_PER_CYCLE  # the executed FLOPs at the wgmma peak
     t_mma = (loop['flops'] + loop['mma_sync_flops']) / SM90_MMA_FLOP_PER_CYCLE
     t_issue = loop['instr'] * warps / SCHEDULERS
     t_exp = loop['mufu'] * 32 * warps / MUFU_LANES_PER_CYCLE
     best = max(t_mma, t_issue, t_exp)
     worst = t_mma + max(t_issue, t_exp)
-    return dict(t_mma=t_mma, t_issue=t_issue, t_exp=t_exp, best=t_mma / best, worst=t_mma / worst,
-                est=t_mma / ((best + worst) / 2))
+    return dict(t_mma=t_peak, t_issue=t_issue, t_exp=t_exp, best=t_peak / best, worst=t_peak / worst,
+                est=t_peak / ((best + worst) / 2))
 
 
 def analyse(case, k, arch):
