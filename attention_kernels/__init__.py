@@ -7,6 +7,8 @@ Attention kernels, kept apart from the model (model.py states the maths and call
     hfa/triton.py      HyperFeatureAttention in Triton (A = 1..4 score tiles, one softmax)
     linear/triton.py   linear attention in Triton (no softmax, optional 1/(visible keys))
     triton_common.py   pieces the Triton kernels share
+    fallback.py        PyTorch stand-ins of the Triton entry points (kernel='auto' falls
+                       back to them when a Triton kernel fails to compile or launch)
     ops.py             each kernel as a torch.library custom op, with autograd and a fake
                        (meta) implementation, so torch.compile traces through them
 

@@ -582,7 +582,7 @@ def default_split(dtype):
     return 0 if dtype == torch.float32 else SPLITS[DEFAULT_SPLIT]
 
 
-DEFAULT_SPLIT = 'none'
+DEFAULT_SPLIT = 'both'
 SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two launches
 
 # Tiles per (dtype class, padded head size), each kernel's (rows, cols, pipeline stages[,
