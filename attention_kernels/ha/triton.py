@@ -589,8 +589,9 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 # warps]): the lane kernels' (forward, dq, slot a; da_k: slot a's dk launch where it
 # differs) lane rows and b-key columns; the slot-b kernel's b-key rows and lane columns.
 # Rows are 64 per warp group (see _warps). From 128 on, each slot's dk and dv are two
-# launches (SPLIT_DA_FROM). Chosen with tools/compile_check.py: the largest tiles with no
-# register spill on sm_90 and shared memory within the limit. At 128, dq and slot a's dk
+# launches (SPLIT_DA_FROM); db_k: slot b's dk launch's own lanes. Chosen with
+# tools/compile_check.py: the largest tiles with no register spill on sm_90 (with the
+# default split) and shared memory within the limit. At 128, dq and slot a's dk
 # spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
 # take two: spill-free, but the second computes the logits and dP again (5 tile matmuls
 # per step instead of 3).
@@ -598,7 +599,8 @@ TILES = {
     'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
             32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
             64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2)),
-            128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2)),
+            128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
+                      db_k=(64, 16, 2)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
              32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
@@ -637,6 +639,8 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16):
     G, BA = _lanes(min(wa, Tk), lanes, Tq)
     BBD = max(16, min(rows, _pow2(Tk)))
     db = dict(G=G, BA=BA, BB=BBD, num_warps=_warps(BBD), num_stages=stages, PARTS=parts)
+    if 'db_k' in t and BBD == t['db_k'][0]:  # the dk launch's own lanes (PART 1)
+        db['K_G'], db['K_BA'] = _lanes(min(wa, Tk), t['db_k'][1], Tq)
     o = override or {}
     for c in (fwd, dq, da):
         c.update({k: o[k] for k in ('G', 'BA', 'BB', 'JA', 'BU', 'num_warps', 'num_stages') if k in o and k in c})
@@ -649,9 +653,11 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16):
 def _launch(c, part):
     """A backward kernel's launch options for one PART: its configuration less the plan's
     keys, with the dk launch's own warps where it has them."""
-    out = {k: v for k, v in c.items() if k not in ('PARTS', 'K_WARPS')}
-    if part == 1 and 'K_WARPS' in c:
-        out['num_warps'] = c['K_WARPS']
+    out = {k: v for k, v in c.items() if k not in ('PARTS', 'K_WARPS', 'K_G', 'K_BA')}
+    if part == 1:
+        out.update({k[2:]: v for k, v in c.items() if k in ('K_G', 'K_BA')})
+        if 'K_WARPS' in c:
+            out['num_warps'] = c['K_WARPS']
     return out
 
 
