@@ -101,8 +101,8 @@ def block_sizes(kind, BD, A, dtype):
     stages = 2 if BD > 64 else 3
     if dtype == torch.float32:  # fp32 dots run on FMA units, not tensor cores: small tiles
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
-    if kind.endswith('fwd'):
-        return (64, 32, 4, stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    if kind.endswith('fwd'):  # A = 4 at dh 128: 2 stages spill 8 B
+        return (64, 32, 4, 1 if A == 4 and BD > 64 else stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
     # backward, without spills on sm_90 (tools/compile_check.py): A = 3 at dh 128 takes 32 x 16
     # tiles, whose 4 warps compute some score tiles twice (11 tile matmuls per step for 7);
     # 32 x 32 spilled 48-112 B there; A = 4 takes 16-row tiles (mma.sync)

@@ -42,12 +42,12 @@ inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane ro
 product of two inputs, which the input dtype rounds to half its digits; split_products
 ('logits', 'both') feeds it to the logit (and dP) matmuls as hi + lo, two matmuls each,
 in the forward and the backward alike (they must agree: P = exp(logit - lse)). Default
-'none': measured errors in docs/performance.md.
+'both' (DEFAULT_SPLIT; 'none' missed 2x SDPA's bf16 error): errors in docs/performance.md.
 
-Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2; backward
-3 (dq) + 4 (slot a) + 4 (slot b) = 11 without the split, one more per split operand and
-kernel; one warp group (4 warps) per 64 tile rows, so no tile is computed twice
-(tools/compile_check.py counts them in the compiled code).
+Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2 (3 split);
+backward 3 (dq) + 4 (slot a) + 4 (slot b) = 11 without the split, 17 with 'both'; one warp
+group (4 warps) per 64 tile rows, so no tile is computed twice (tools/compile_check.py
+counts them in the compiled code), except where TILES says otherwise (head size 128).
 """
 
 
@@ -744,7 +744,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     split_products (bf16/fp16 inputs): how the lane products q*ka and dO*va, which the
     input dtype rounds to half their digits, enter the logit and dP matmuls: 'none'
     (rounded: 11 tile matmuls per step), 'logits' (the logits' as hi + lo, two matmuls:
-    14), 'both' (17), or None for DEFAULT_SPLIT. Errors of each: docs/performance.md."""
+    14), 'both' (17), or None for DEFAULT_SPLIT; the same as the forward's. See docs."""
     _check(q, (k1, k2, v1, v2), "ha3_backward")
     q, k1, k2, v1, v2, out, dout = (t.contiguous() for t in (q, k1, k2, v1, v2, out, dout))
     lse = lse.contiguous().float()
