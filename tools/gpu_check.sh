@@ -123,6 +123,7 @@ json.dump(info, open('$OUT/environment.json', 'w'), indent=1)
 BENCH=(bench.py --device cuda --kernels_only --kernel_seq_lens 4096 --kernel_min_time 0.2 --kernel_min_iters 3)
 warm() {
     local pids=()
+    trap 'kill "${pids[@]}" 2>/dev/null; exit 124' TERM  # a timed-out warm-up leaves nothing running
     for row in ha_win sdpa hfa_A2 linear; do
         for dh in 64 128; do
             "$PYTHON" bench.py --device cuda --kernels_only --kernel_seq_lens 4096 --kernel_head_dims $dh \
