@@ -24,6 +24,10 @@ import attention_kernels
 from attention_kernels import ops
 
 TRITON_ERROR = attention_kernels.load_triton()
+if TRITON_ERROR is None:  # module level: a Triton kernel reads its names from its module's globals
+    import triton
+    import triton.language as tl
+    from attention_kernels.triton_common import factor_offset
 pytestmark = pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}')
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,10 +116,6 @@ def test_factor_offsets_are_int64():
     """HFA reads factor a of an (A, N, T, D) tensor at a * (N T D). With N T D = 2^30 + 7,
     3 * (N T D) passes 2^31: computed in int32 it wraps (shown below, so this test can
     fail), through factor_offset it does not. Nothing of that size is allocated."""
-    import triton
-    import triton.language as tl
-    from attention_kernels.triton_common import factor_offset
-
     @triton.jit
     def probe(OUT, stride, A: tl.constexpr):
         tl.store(OUT, factor_offset(stride, A))
