@@ -44,7 +44,9 @@ Ranking. A softmax head (sa, hfa, ha with softmax) is unchanged by adding to the
 one query a constant that does not depend on the key, so for these the pairs (triples) are
 ranked by the query-centred coefficient C_h[a, b] - mean_b' C_h[a, b'] (for HA, centred over
 all key pairs (b, c)); linear heads are ranked by the raw coefficient, which multiplies the
-value as it is. For HA the query-centred T_h[a] splits into a part that depends on b alone, a
+value as it is. A pairwise head's ranked matrix splits the same way into a key effect (its
+column means: keys every query reads) and the specific pairs (row and column means removed:
+the coupling of a and b beyond what either does with every token). For HA the query-centred T_h[a] splits into a part that depends on b alone, a
 part on c alone, and the rest, the three-way part
 
     T3_h[a, b, c] = T_h[a, b, c] - mean_c T_h[a, b, c] - mean_b T_h[a, b, c] + mean_bc T_h[a, b, c]
@@ -56,12 +58,18 @@ of the query-centred coefficient's sum of squares. Means are plain means over th
 Caveats. Layer 0 of a multi-layer model is read exactly in this basis; a later layer (or
 the first layer's interplay with the rest) is not: its input also holds every earlier
 layer's output, which depends on the context, and x(a) here keeps only the embedding's
-direct path. A coefficient says which tokens a head couples, not what the model predicts.
+direct path. Averaging positions hides what a head does by position (a previous-token head
+reads as weak token structure): token_share, per head, measures how much of the head's real
+score, for tokens at random positions, the read-out explains (R^2; 1: tokens alone). A
+coefficient says which tokens a head couples, not what the model predicts. What averaging
+positions hides, offset_profile shows: the same read-out with the roles of token and
+position swapped, the score by key offset d (key at i - d), averaged over tokens.
 
 Writes to report_dir: interactions.json (everything: options, tokens with their counts in the
 training data, per head the matrices, its top pairs or triples as readable strings), a
 heatmap per head (layer<L>_head<h>.png; HFA also _factors.png; HA its strongest query
-slices and _values.png) and layer<L>_heads.png, every head of the layer on one colour scale.
+slices and _values.png), layer<L>_heads.png, every head of the layer on one colour scale,
+and layer<L>_offsets.png, the score by key offset.
 The read-out covers the tokens of the training data (its first freq_tokens tokens are
 counted) with a frequency of at least min_freq, at most top_n of them, the most frequent: a
 token seen a few times in training keeps an embedding shaped mostly by weight tying's output
@@ -171,12 +179,7 @@ def token_inputs(sd, cfg, layer, tokens, positions='mean', ln=True, chunk_elems=
         if not 0 <= p < wpe.size(0):
             raise UserError(f"positions={p} is outside the context 0..{wpe.size(0) - 1}")
         pos = torch.tensor([p])
-    w, b = sd.get(f'transformer.h.{layer}.ln_1.weight'), sd.get(f'transformer.h.{layer}.ln_1.bias')
-
-    def norm(x):
-        if not ln:
-            return x
-        return F.layer_norm(x, x.shape[-1:], None if w is None else w.double(), None if b is None else b.double(), LN_EPS)
+    norm = layer_norm(sd, layer, ln)
 
     if pos is None:
         yield norm(wte)[None]
@@ -184,6 +187,17 @@ def token_inputs(sd, cfg, layer, tokens, positions='mean', ln=True, chunk_elems=
     step = max(1, chunk_elems // max(1, wte.numel()))
     for i in range(0, len(pos), step):
         yield norm(wte[None] + wpe[pos[i:i + step], None])
+
+
+def layer_norm(sd, layer, ln=True):
+    """The layer's ln_1 as a function (the identity with ln=False), in float64."""
+    w, b = sd.get(f'transformer.h.{layer}.ln_1.weight'), sd.get(f'transformer.h.{layer}.ln_1.bias')
+
+    def norm(x):
+        if not ln:
+            return x
+        return F.layer_norm(x, x.shape[-1:], None if w is None else w.double(), None if b is None else b.double(), LN_EPS)
+    return norm
 
 
 def mean_streams(groups, inputs, budget=1 << 24):
@@ -284,12 +298,97 @@ def read_attention(sd, cfg, kind, inputs, out_direction=None):
                 r['value_norm'] = value.norm(dim=-1)
                 r['ranked'] = query_centred(r['C']) if g['softmax'] else r['C']
                 r['key_effect'] = r['ranked'].mean(0)  # how much every query reads key b, beyond the mean
+                r['specific'] = r['ranked'] - r['ranked'].mean(1, keepdim=True) - r['key_effect'][None, :] \
+                    + r['key_effect'].mean()  # the coupling of a and b beyond what a and b do with every token
                 if out_direction is not None:
                     r['Wt'] = value @ out_direction.double()
                     r['M'] = r['C'] * r['Wt'][None, :]
             heads.append(r)
         h0 += g['heads']
     return heads
+
+
+def token_share(sd, cfg, layer, tokens, heads, ln=True, samples=256, seed=0):
+    """How much of each head's real score the position-averaged read-out explains: for query
+    and key tokens (of `tokens`, uniformly) at positions drawn uniformly and independently, the
+    R^2 of the read-out's coefficient against the score the head computes at those positions
+    (both query-centred for a softmax head). 1: the score depends on the tokens alone; near 0:
+    on their positions (a positional head, which the token read-out cannot show).
+    `samples` queries and keys (HA: samples // 4 queries, keys, and pairs of those keys)."""
+    kind = cfg.layer_attentions()[layer]
+    gen = torch.Generator().manual_seed(seed)
+    n = samples if kind != 'ha' else max(8, samples // 4)
+    wte, wpe = sd['transformer.wte.weight'].double(), sd['transformer.wpe.weight'].double()
+    norm = layer_norm(sd, layer, ln)
+
+    def draw():
+        t = torch.randint(0, len(tokens), (n,), generator=gen)
+        return t, norm(wte[torch.as_tensor(tokens)[t]] + wpe[torch.randint(0, wpe.size(0), (n,), generator=gen)])
+
+    (tq, xq), (tk, xk) = draw(), draw()
+    prefix = f'transformer.h.{layer}.attn.'
+    groups, _ = attention_weights({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, cfg, kind)
+    q_side, k_side = mean_streams(groups, [xq[None]]), mean_streams(groups, [xk[None]])
+    scale, shares, i = cfg.dh ** -0.5, [], 0
+    for g, mq, mk in zip(groups, q_side, k_side):
+        for h in range(g['heads']):
+            r = heads[i]
+            if 'T' in r:
+                k2 = mk['k'][-1, h]  # the second key stream (the first when K/V are shared)
+                score = torch.einsum('as,bs,cs->abc', mq['q'][0, h], mk['k'][0, h], k2) * scale
+                read = r['T'][tq][:, tk][:, :, tk]
+            else:
+                score = math.prod(mq['q'][s, h] @ mk['k'][s, h].T * scale for s in range(g['split'][0]))
+                read = r['C'][tq][:, tk]
+            if r['softmax']:
+                score, read = query_centred(score), query_centred(read)
+            else:
+                score, read = score - score.mean(), read - score.mean()
+            shares.append(1 - ((score - read) ** 2).sum().item() / max((score ** 2).sum().item(), 1e-300))
+            i += 1
+    return shares
+
+
+def offset_profile(sd, cfg, layer, tokens, ln=True, max_offset=32):
+    """What each head does by position, averaged over tokens: the roles of token and position
+    swapped. x(p) = mean_a LN(wte[a] + wpe[p]) over the read tokens (exact for the bilinear and
+    trilinear scores, and through the lift for HFA's product, as for positions='mean'); the
+    score of query position i for key position i - d, query-centred over the visible keys
+    j <= i for a softmax head, then averaged over i: a profile over the offset d = 0..max_offset-1
+    (HA: over the offset pair (d1, d2), centred over the pairs shown). A previous-token head
+    peaks at d = 1. Returns one tensor per head."""
+    kind = cfg.layer_attentions()[layer]
+    norm = layer_norm(sd, layer, ln)
+    wte, wpe = sd['transformer.wte.weight'].double()[torch.as_tensor(tokens)], sd['transformer.wpe.weight'].double()
+    P, D = wpe.size(0), min(max_offset, wpe.size(0))
+    step = max(1, (1 << 24) // wpe.numel())
+    chunks = (norm(wte[i:i + step, None] + wpe[None]) for i in range(0, len(tokens), step))  # (tokens, P, d)
+    prefix = f'transformer.h.{layer}.attn.'
+    groups, _ = attention_weights({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, cfg, kind)
+    i = torch.arange(P)
+    back = (i[:, None] - torch.arange(D)[None]).clamp(min=0)  # key position i - d
+    valid = i[:, None] >= torch.arange(D)[None]               # (P, D): i - d >= 0
+    scale, profiles = cfg.dh ** -0.5, []
+    for g, m in zip(groups, mean_streams(groups, list(chunks))):
+        for h in range(g['heads']):
+            if g['kind'] == 'ha':
+                k2 = m['k'][-1, h]
+                t = torch.einsum('is,ias,ibs->iab', m['q'][0, h], m['k'][0, h][back], k2[back]) * scale
+                ok = valid[:, :, None] & valid[:, None, :]
+                if g['softmax']:
+                    t = t - (t * ok).sum((1, 2), keepdim=True) / ok.sum((1, 2), keepdim=True)
+                profiles.append((t * ok).sum(0) / ok.sum(0))
+                continue
+            if g['kind'] in ('hfa_v1', 'hfa_v2'):
+                c = m['q_lift'][h] @ m['k_lift'][h].T * scale ** g['split'][0]
+            else:
+                c = m['q'][0, h] @ m['k'][0, h].T * scale
+            if g['softmax']:  # centred over the visible keys of each query
+                seen = torch.ones(P, P).tril().bool()
+                c = c - (c * seen).sum(1, keepdim=True) / seen.sum(1, keepdim=True)
+            by_offset = c.gather(1, back)  # (P, D): query i, key i - d
+            profiles.append((by_offset * valid).sum(0) / valid.sum(0))
+    return profiles
 
 
 # -----------------------------------------------------------------------------
@@ -327,7 +426,8 @@ def describe_head(r, labels, k):
         out = dict(top_pairs=[pair(*e) for e in top_entries(r['ranked'], k)],
                    bottom_pairs=[pair(*e) for e in top_entries(r['ranked'], k, largest=False)],
                    top_keys=[dict(key=labels[i[0]], value=v, text=f"{labels[i[0]]}  {v:+.4g}")
-                             for i, v in top_entries(r['key_effect'], min(k, 10))])
+                             for i, v in top_entries(r['key_effect'], min(k, 10))],
+                   top_specific_pairs=[pair(*e) for e in top_entries(r['specific'], k)])
         if 'factors' in r:
             out['factor_top_pairs'] = [[pair(*e) for e in top_entries(f, k)] for f in r['factors']]
     return out
@@ -340,9 +440,9 @@ def heatmaps(panels, titles, labels, axis_names, suptitle, path):
     """Panels of equal-shape matrices side by side on one symmetric colour scale."""
     from experiments.common import plt
     n, N = len(panels), len(labels)
-    cols = min(n, 4)
+    cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
-    side = 3.2 + N * 0.075
+    side = 2.5 + N * 0.06
     fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.2, side * rows + 0.6), squeeze=False,
                              layout='constrained')
     v = max(float(p.abs().max()) for p in panels) or 1.0
@@ -404,6 +504,28 @@ def write_figures(heads, labels, layer, name, folder):
     paths.append(heatmaps(panels, titles, labels, axis, f"{name}: layer {layer}, every head",
                           Path(folder) / f"layer{layer}_heads.png"))
     return paths
+
+
+def offset_figure(profiles, heads, layer, name, path):
+    """Score by key offset, averaged over tokens: one line per pairwise head, or for HA one
+    panel per head over the offset pair (d1, d2), on one colour scale."""
+    from experiments.common import plt
+    if profiles[0].dim() == 2:
+        D = profiles[0].size(0)
+        return heatmaps(profiles, [f"head {r['head']}" for r in heads], [str(d) for d in range(D)],
+                        ('key 1 offset d1 (key at i - d1)', 'key 2 offset d2'),
+                        f"{name}: layer {layer}, score by key offsets, averaged over tokens", path)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8), layout='constrained')
+    for r, prof in zip(heads, profiles):
+        ax.plot(range(len(prof)), prof.numpy(), marker='o', ms=3,
+                label=f"head {r['head']} ({r['kind']}{', query-centred' if r['softmax'] else ''})")
+    ax.axhline(0, color='grey', lw=0.6)
+    ax.set(xlabel='key offset d (query at i reads the key at i - d)', ylabel='score, averaged over tokens',
+           title=f"{name}: layer {layer}, score by key offset")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 # -----------------------------------------------------------------------------
@@ -531,6 +653,8 @@ def main(argv=None):
     layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     inputs = token_inputs(sd, cfg, o['layer'], torch.tensor(tokens), o['positions'], o['ln'])
     heads = read_attention(layer_sd, cfg, kind, inputs)
+    shares = token_share(sd, cfg, o['layer'], tokens, heads, o['ln']) if o['positions'] == 'mean' else [None] * len(heads)
+    offsets = offset_profile(sd, cfg, o['layer'], tokens, o['ln'])
 
     out = Path(o['report_dir']) if o['report_dir'] else (
         Path(o['out_dir']) / 'interactions' if o['init_from'] == 'resume' else Path(f"interactions-{name}"))
@@ -549,27 +673,36 @@ def main(argv=None):
                   tokens=[dict(id=t, text=all_labels[t], count=None if counts is None else int(counts[t]))
                           for t in tokens],
                   coverage=covered, heads=[])
-    for r in heads:
+    for r, share, prof in zip(heads, shares, offsets):
         tops = describe_head(r, labels, o['top_k'])
-        entry = dict(head=r['head'], kind=r['kind'], softmax=r['softmax'],
+        tops['top_offsets'] = [dict(offset=list(ix) if len(ix) > 1 else ix[0], value=v,
+                                    text=f"{ix[0] if len(ix) == 1 else ix}  {v:+.3g}") for ix, v in top_entries(prof, 3)]
+        entry = dict(head=r['head'], kind=r['kind'], softmax=r['softmax'], token_share=share,
+                     offset_profile=rounded(prof),
                      ranked_by='query-centred coefficient' if r['softmax'] else 'raw coefficient', **tops)
-        for key in ('C', 'factors', 'T', 'T3', 'value_norm', 'key_effect'):
+        for key in ('C', 'factors', 'T', 'T3', 'value_norm', 'key_effect', 'specific'):
             if key in r:
                 entry[key] = rounded(r[key])
         if 'three_way_share' in r:
             entry['three_way_share'] = r['three_way_share']
         report['heads'].append(entry)
         lead = tops.get('top_triples') or tops['top_pairs']
-        extra = f", three-way share {r['three_way_share']:.2f}" if 'three_way_share' in r else ''
+        extra = f", token share {share:.2f}" if share is not None else ''
+        extra += f", three-way share {r['three_way_share']:.2f}" if 'three_way_share' in r else ''
         print(f"head {r['head']} ({r['kind']}{extra}): " + ';  '.join(e['text'] for e in lead[:5]))
+        print("  strongest offsets (key i - d): " + ';  '.join(e['text'] for e in tops['top_offsets']))
         if 'top_three_way' in tops:
-            print(f"  three-way part: " + ';  '.join(e['text'] for e in tops['top_three_way'][:5]))
+            print("  three-way part: " + ';  '.join(e['text'] for e in tops['top_three_way'][:5]))
+        else:
+            print("  keys read by every query: " + ';  '.join(e['text'] for e in tops['top_keys'][:5]))
+            print("  specific pairs: " + ';  '.join(e['text'] for e in tops['top_specific_pairs'][:5]))
     path = out / 'interactions.json'
     tmp = path.with_suffix('.json.tmp')
     tmp.write_text(json.dumps(report, indent=1))
     os.replace(tmp, path)
     if o['figures']:
         write_figures(heads, labels, o['layer'], f"{name} ({kind})", out)
+        offset_figure(offsets, heads, o['layer'], f"{name} ({kind})", out / f"layer{o['layer']}_offsets.png")
     print(f"wrote {path}" + (f" and figures to {out}" if o['figures'] else ''))
     return report
 

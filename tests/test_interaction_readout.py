@@ -183,6 +183,73 @@ def test_position_options():
         list(ia.token_inputs(sd, cfg, 1, tokens, positions='first'))
 
 
+@pytest.mark.parametrize('kind', ['sa', 'linear', 'hfa_v1', 'ha'])
+def test_token_share_separates_token_heads_from_positional_heads(kind):
+    """No position embedding: the scores depend on the tokens alone (share 1). Every token
+    embedded alike: they depend on positions alone, which the read-out averages away (share
+    near 0). Sampled from the formula by token_share; the read-out does not enter the draw."""
+    gen = torch.Generator().manual_seed(11)
+    cfg = GPTConfig(vocab_size=6, block_size=16, n_layer=1, n_head=2, n_embd=8, bias=False, attention=kind)
+    model = GPT(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.7)
+    tokens = list(range(6))
+    layer_sd = lambda sd: {k[len('transformer.h.0.attn.'):]: v for k, v in sd.items() if '.attn.' in k}  # noqa: E731
+    for wte_rows_alike, expect in ((False, None), (True, 0.0)):
+        sd = dict(model.state_dict())
+        if wte_rows_alike:
+            sd['transformer.wte.weight'] = sd['transformer.wte.weight'][:1].expand(6, -1).clone()
+        else:
+            sd['transformer.wpe.weight'] = torch.zeros_like(sd['transformer.wpe.weight'])
+        heads = ia.read_attention(layer_sd(sd), cfg, kind, ia.token_inputs(sd, cfg, 0, torch.arange(6)))
+        shares = ia.token_share(sd, cfg, 0, tokens, heads, samples=64)
+        if expect is None:
+            assert all(s == pytest.approx(1.0, abs=1e-9) for s in shares), shares
+        else:
+            assert all(s < 0.02 for s in shares), shares
+
+
+@pytest.mark.parametrize('kind', ['sa', 'linear', 'hfa_v1', 'ha'])
+def test_offset_profile_against_the_formula(kind):
+    """The score by key offset, averaged over tokens: a naive reference over every token pair
+    (triple) and position, from the formula, float64."""
+    gen = torch.Generator().manual_seed(13)
+    cfg = GPTConfig(vocab_size=4, block_size=5, n_layer=1, n_head=2, n_embd=8, bias=True, attention=kind)
+    model = GPT(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
+    sd = model.state_dict()
+    profiles = ia.offset_profile(sd, cfg, 0, [0, 1, 3])
+    x = layernorm(sd['transformer.wte.weight'][[0, 1, 3]][:, None] + sd['transformer.wpe.weight'][None],
+                  sd['transformer.h.0.ln_1.weight'], sd['transformer.h.0.ln_1.bias'])  # (tokens, P, d)
+    W, B = sd['transformer.h.0.attn.groups.0.c_attn.weight'], sd['transformer.h.0.attn.groups.0.c_attn.bias']
+    S = (x @ W.T + B).view(3, 5, -1, 2, 4)  # (tokens, P, streams, H, dh)
+    for h, prof in enumerate(profiles):
+        if kind == 'ha':
+            t = torch.einsum('aip,bjp,ckp->abcijk', S[:, :, 0, h], S[:, :, 1, h], S[:, :, 2, h]).mean((0, 1, 2)) / 2
+            ref = torch.zeros(5, 5, dtype=torch.float64)
+            n = torch.zeros(5, 5)
+            for i in range(5):
+                tc = t[i, :i + 1, :i + 1] - t[i, :i + 1, :i + 1].mean()  # centred over the visible pairs
+                for d1 in range(i + 1):
+                    for d2 in range(i + 1):
+                        ref[d1, d2] += tc[i - d1, i - d2]
+                        n[d1, d2] += 1
+            assert torch.allclose(prof, ref / n, rtol=1e-10, atol=1e-12)
+            continue
+        if kind == 'hfa_v1':
+            c = torch.einsum('aip,bjp,aiq,bjq->ij', S[:, :, 0, h], S[:, :, 2, h], S[:, :, 1, h], S[:, :, 3, h]) / 9 / 4
+        else:
+            c = torch.einsum('aip,bjp->ij', S[:, :, 0, h], S[:, :, 1, h]) / 9 / 2
+        ref = []
+        for d in range(5):
+            vals = [c[i, i - d] - (c[i, :i + 1].mean() if kind != 'linear' else 0) for i in range(d, 5)]
+            ref.append(sum(vals) / len(vals))
+        assert torch.allclose(prof, torch.stack(ref), rtol=1e-10, atol=1e-12)
+
+
 # -- known answer 1: a hand-set SA head --------------------------------------------------------
 
 def hand_set_model():
@@ -439,8 +506,11 @@ def test_command_line_on_gpt2_weights(tmp_path):
         ia.main([f'--init_from={tmp_path / "gpt2-tiny"}', f'--report_dir={tmp_path / "rep2"}'])
 
 
-def test_bad_inputs(tmp_path):
-    """One line, exit status 2 (through the command line once), and each message says what to fix."""
+def test_help_and_bad_inputs(tmp_path):
+    """--help lists the flags; a bad input gives one line and exit status 2 (through the command
+    line once), and each message says what to fix."""
+    r = run(['interactions.py', '--help'])
+    assert r.stdout.startswith('usage:') and 'positions' in r.stdout and 'min_freq' in r.stdout
     cfg = GPTConfig(vocab_size=4, block_size=4, n_layer=1, n_head=1, n_embd=4, attention='ha', ha_order=4)
     save_ckpt(tmp_path / 'ha4', GPT(cfg), list('abcd'))
     r = run(['interactions.py', f'--out_dir={tmp_path / "ha4"}', '--layer=3'], check=False)
@@ -462,8 +532,3 @@ def test_bad_inputs(tmp_path):
             ia.main(args)
         assert message in str(e.value), (args, str(e.value))
     assert not (tmp_path / 'ha4' / 'interactions').exists()  # nothing written by a refused run
-
-
-def test_help():
-    r = run(['interactions.py', '--help'])
-    assert r.stdout.startswith('usage:') and 'positions' in r.stdout and 'min_freq' in r.stdout
