@@ -60,15 +60,17 @@ the first layer's interplay with the rest) is not: its input also holds every ea
 layer's output, which depends on the context, and x(a) here keeps only the embedding's
 direct path. Averaging positions hides what a head does by position (a previous-token head
 reads as weak token structure): token_share, per head, measures how much of the head's real
-score, for tokens at random positions, the read-out explains (R^2; 1: tokens alone). A
+score, for tokens at random positions, the read-out explains (R^2; 1: tokens alone; the mean
+of four independent draws, token_share_spread half their range). A
 coefficient says which tokens a head couples, not what the model predicts. What averaging
 positions hides, offset_profile shows: the same read-out with the roles of token and
 position swapped, the score by key offset d (key at i - d), averaged over tokens.
 
 Writes to report_dir: interactions.json (everything: options, tokens with their counts in the
 training data, per head the matrices, its top pairs or triples as readable strings), a
-heatmap per head (layer<L>_head<h>.png; HFA also _factors.png; HA its strongest query
-slices and _values.png), layer<L>_heads.png, every head of the layer on one colour scale,
+heatmap per head (layer<L>_head<h>.png; HFA also _factors.png; HA the slices T[a] of the
+queries a with the strongest three-way part, _three_way.png the same slices of T3, and
+_values.png), layer<L>_heads.png, every head of the layer on one colour scale,
 and layer<L>_offsets.png, the score by key offset.
 The read-out covers the tokens of the training data (its first freq_tokens tokens are
 counted) with a frequency of at least min_freq, at most top_n of them, the most frequent: a
@@ -98,7 +100,7 @@ positions = 'mean'          # 'mean': averaged over positions (after ln_1); 'non
 ln = True                   # apply the layer's LayerNorm (ln_1) to the token vectors, as the layer does
 data_dir = ''               # prepared data whose train.bin gives token counts; default: data/<the checkpoint's dataset>
 top_n = 0                   # read the top_n most frequent tokens; 0: all of them up to 256 (pairs), 96 (HA triples)
-min_freq = 1e-4             # leave out tokens rarer than this in the training data (their embeddings are barely trained)
+min_freq = 3e-4             # leave out tokens rarer than this in the training data (their embeddings are barely trained)
 top_k = 20                  # pairs / triples listed per head
 freq_tokens = 100_000_000   # count token frequencies over the first this many training tokens (0: all)
 report_dir = ''             # where to write; default: out_dir/interactions (GPT-2: interactions-<name>)
@@ -308,24 +310,25 @@ def read_attention(sd, cfg, kind, inputs, out_direction=None):
     return heads
 
 
-def token_share(sd, cfg, layer, tokens, heads, ln=True, samples=256, seed=0):
-    """How much of each head's real score the position-averaged read-out explains: for query
-    and key tokens (of `tokens`, uniformly) at positions drawn uniformly and independently, the
-    R^2 of the read-out's coefficient against the score the head computes at those positions
-    (both query-centred for a softmax head). 1: the score depends on the tokens alone; near 0:
-    on their positions (a positional head, which the token read-out cannot show).
-    `samples` queries and keys (HA: samples // 4 queries, keys, and pairs of those keys)."""
+def token_share(sd, cfg, layer, tokens, heads, ln=True, per_query=32, per_key=4, seed=0):
+    """How much of each head's real score the position-averaged read-out explains: for every
+    read token as a query at `per_query` positions and as a key at `per_key` positions (drawn
+    uniformly and independently), the R^2 of the read-out's coefficient against the score the
+    head computes at those positions (both query-centred for a softmax head). 1: the score
+    depends on the tokens alone; near 0: on their positions (a positional head, which the
+    token read-out cannot show). HA: a quarter of the query positions, half the key positions."""
     kind = cfg.layer_attentions()[layer]
     gen = torch.Generator().manual_seed(seed)
-    n = samples if kind != 'ha' else max(8, samples // 4)
+    if kind == 'ha':
+        per_query, per_key = max(1, per_query // 4), max(1, per_key // 2)
     wte, wpe = sd['transformer.wte.weight'].double(), sd['transformer.wpe.weight'].double()
     norm = layer_norm(sd, layer, ln)
 
-    def draw():
-        t = torch.randint(0, len(tokens), (n,), generator=gen)
-        return t, norm(wte[torch.as_tensor(tokens)[t]] + wpe[torch.randint(0, wpe.size(0), (n,), generator=gen)])
+    def draw(m):  # every token m times, each at a random position
+        t = torch.arange(len(tokens)).repeat(m)
+        return t, norm(wte[torch.as_tensor(tokens)[t]] + wpe[torch.randint(0, wpe.size(0), (len(t),), generator=gen)])
 
-    (tq, xq), (tk, xk) = draw(), draw()
+    (tq, xq), (tk, xk) = draw(per_query), draw(per_key)
     prefix = f'transformer.h.{layer}.attn.'
     groups, _ = attention_weights({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, cfg, kind)
     q_side, k_side = mean_streams(groups, [xq[None]]), mean_streams(groups, [xk[None]])
@@ -353,28 +356,32 @@ def offset_profile(sd, cfg, layer, tokens, ln=True, max_offset=32):
     """What each head does by position, averaged over tokens: the roles of token and position
     swapped. x(p) = mean_a LN(wte[a] + wpe[p]) over the read tokens (exact for the bilinear and
     trilinear scores, and through the lift for HFA's product, as for positions='mean'); the
-    score of query position i for key position i - d, query-centred over the visible keys
-    j <= i for a softmax head, then averaged over i: a profile over the offset d = 0..max_offset-1
-    (HA: over the offset pair (d1, d2), centred over the pairs shown). A previous-token head
-    peaks at d = 1. Returns one tensor per head."""
+    score of query position i for the key at i - d, query-centred over the keys i can see
+    (causal, within attn_window) for a softmax head, then averaged over i: a profile over the
+    offsets d the head can see, at most max_offset (HA: over the offset pairs (d1, d2) within
+    ha_window1 x ha_window2, centred over the pairs shown). A previous-token head peaks at
+    d = 1. Returns one tensor per head."""
     kind = cfg.layer_attentions()[layer]
     norm = layer_norm(sd, layer, ln)
     wte, wpe = sd['transformer.wte.weight'].double()[torch.as_tensor(tokens)], sd['transformer.wpe.weight'].double()
-    P, D = wpe.size(0), min(max_offset, wpe.size(0))
+    P = wpe.size(0)
     step = max(1, (1 << 24) // wpe.numel())
     chunks = (norm(wte[i:i + step, None] + wpe[None]) for i in range(0, len(tokens), step))  # (tokens, P, d)
     prefix = f'transformer.h.{layer}.attn.'
     groups, _ = attention_weights({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, cfg, kind)
     i = torch.arange(P)
-    back = (i[:, None] - torch.arange(D)[None]).clamp(min=0)  # key position i - d
-    valid = i[:, None] >= torch.arange(D)[None]               # (P, D): i - d >= 0
+
+    def offsets(window):  # key positions i - d for the offsets d a head sees, and which exist
+        d = torch.arange(min(max_offset, window or P, P))
+        return (i[:, None] - d[None]).clamp(min=0), i[:, None] >= d[None]
+
     scale, profiles = cfg.dh ** -0.5, []
     for g, m in zip(groups, mean_streams(groups, list(chunks))):
         for h in range(g['heads']):
             if g['kind'] == 'ha':
-                k2 = m['k'][-1, h]
-                t = torch.einsum('is,ias,ibs->iab', m['q'][0, h], m['k'][0, h][back], k2[back]) * scale
-                ok = valid[:, :, None] & valid[:, None, :]
+                (back1, ok1), (back2, ok2) = offsets(cfg.ha_window1), offsets(cfg.ha_window2)
+                t = torch.einsum('is,ias,ibs->iab', m['q'][0, h], m['k'][0, h][back1], m['k'][-1, h][back2]) * scale
+                ok = ok1[:, :, None] & ok2[:, None, :]
                 if g['softmax']:
                     t = t - (t * ok).sum((1, 2), keepdim=True) / ok.sum((1, 2), keepdim=True)
                 profiles.append((t * ok).sum(0) / ok.sum(0))
@@ -383,11 +390,12 @@ def offset_profile(sd, cfg, layer, tokens, ln=True, max_offset=32):
                 c = m['q_lift'][h] @ m['k_lift'][h].T * scale ** g['split'][0]
             else:
                 c = m['q'][0, h] @ m['k'][0, h].T * scale
-            if g['softmax']:  # centred over the visible keys of each query
-                seen = torch.ones(P, P).tril().bool()
+            window = cfg.attn_window if cfg.causal else 0
+            if g['softmax']:  # centred over the keys each query sees
+                seen = (i[None, :] <= i[:, None]) & ((i[:, None] - i[None, :] < window) if window else True)
                 c = c - (c * seen).sum(1, keepdim=True) / seen.sum(1, keepdim=True)
-            by_offset = c.gather(1, back)  # (P, D): query i, key i - d
-            profiles.append((by_offset * valid).sum(0) / valid.sum(0))
+            back, ok = offsets(window)
+            profiles.append((c.gather(1, back) * ok).sum(0) / ok.sum(0))
     return profiles
 
 
@@ -480,6 +488,10 @@ def write_figures(heads, labels, layer, name, folder):
                                   ('key 1 (b)', 'key 2 (c)'),
                                   f"{name}: layer {layer} head {h} (HA), T[a, b, c]{centred(r)} for the queries a "
                                   f"with the strongest three-way part", f"{base}.png"))
+            paths.append(heatmaps([r['T3'][a] for a in qs], [f"query {labels[a]}" for a in qs], labels,
+                                  ('key 1 (b)', 'key 2 (c)'),
+                                  f"{name}: layer {layer} head {h} (HA), three-way part T3[a, b, c] (main effects "
+                                  f"of b and of c removed)", f"{base}_three_way.png"))
             paths.append(heatmaps([r['value_norm']], ['|W_O,h (v1(b) * v2(c))|'], labels, ('key 1 (b)', 'key 2 (c)'),
                                   f"{name}: layer {layer} head {h} (HA), value coupling", f"{base}_values.png"))
         else:
@@ -653,7 +665,10 @@ def main(argv=None):
     layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     inputs = token_inputs(sd, cfg, o['layer'], torch.tensor(tokens), o['positions'], o['ln'])
     heads = read_attention(layer_sd, cfg, kind, inputs)
-    shares = token_share(sd, cfg, o['layer'], tokens, heads, o['ln']) if o['positions'] == 'mean' else [None] * len(heads)
+    shares = [(None, None)] * len(heads)
+    if o['positions'] == 'mean':  # four independent draws: their mean, and half their range
+        draws = np.array([token_share(sd, cfg, o['layer'], tokens, heads, o['ln'], seed=i) for i in range(4)])
+        shares = list(zip(draws.mean(0), (draws.max(0) - draws.min(0)) / 2))
     offsets = offset_profile(sd, cfg, o['layer'], tokens, o['ln'])
 
     out = Path(o['report_dir']) if o['report_dir'] else (
@@ -669,25 +684,25 @@ def main(argv=None):
     report = dict(source=str(Path(o['out_dir']) / 'ckpt.pt') if o['init_from'] == 'resume' else o['init_from'],
                   layer=o['layer'], attention=kind, options={k: o[k] for k in ('positions', 'ln', 'top_n', 'min_freq', 'top_k', 'freq_tokens')},
                   model_args={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
-                  precision='matrices at 6 significant digits',
+                  precision='matrices at 6 significant digits; an HA head\'s three-way part is three_way_part(T)',
                   tokens=[dict(id=t, text=all_labels[t], count=None if counts is None else int(counts[t]))
                           for t in tokens],
                   coverage=covered, heads=[])
-    for r, share, prof in zip(heads, shares, offsets):
+    for r, (share, spread), prof in zip(heads, shares, offsets):
         tops = describe_head(r, labels, o['top_k'])
         tops['top_offsets'] = [dict(offset=list(ix) if len(ix) > 1 else ix[0], value=v,
                                     text=f"{ix[0] if len(ix) == 1 else ix}  {v:+.3g}") for ix, v in top_entries(prof, 3)]
-        entry = dict(head=r['head'], kind=r['kind'], softmax=r['softmax'], token_share=share,
+        entry = dict(head=r['head'], kind=r['kind'], softmax=r['softmax'], token_share=share, token_share_spread=spread,
                      offset_profile=rounded(prof),
                      ranked_by='query-centred coefficient' if r['softmax'] else 'raw coefficient', **tops)
-        for key in ('C', 'factors', 'T', 'T3', 'value_norm', 'key_effect', 'specific'):
+        for key in ('C', 'factors', 'T', 'value_norm', 'key_effect', 'specific'):  # T3: three_way_part(T)
             if key in r:
                 entry[key] = rounded(r[key])
         if 'three_way_share' in r:
             entry['three_way_share'] = r['three_way_share']
         report['heads'].append(entry)
         lead = tops.get('top_triples') or tops['top_pairs']
-        extra = f", token share {share:.2f}" if share is not None else ''
+        extra = f", token share {share:.2f} +- {spread:.2f}" if share is not None else ''
         extra += f", three-way share {r['three_way_share']:.2f}" if 'three_way_share' in r else ''
         print(f"head {r['head']} ({r['kind']}{extra}): " + ';  '.join(e['text'] for e in lead[:5]))
         print("  strongest offsets (key i - d): " + ';  '.join(e['text'] for e in tops['top_offsets']))
@@ -698,7 +713,7 @@ def main(argv=None):
             print("  specific pairs: " + ';  '.join(e['text'] for e in tops['top_specific_pairs'][:5]))
     path = out / 'interactions.json'
     tmp = path.with_suffix('.json.tmp')
-    tmp.write_text(json.dumps(report, indent=1))
+    tmp.write_text(json.dumps(report, separators=(',', ':')))
     os.replace(tmp, path)
     if o['figures']:
         write_figures(heads, labels, o['layer'], f"{name} ({kind})", out)

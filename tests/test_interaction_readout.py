@@ -203,19 +203,22 @@ def test_token_share_separates_token_heads_from_positional_heads(kind):
         else:
             sd['transformer.wpe.weight'] = torch.zeros_like(sd['transformer.wpe.weight'])
         heads = ia.read_attention(layer_sd(sd), cfg, kind, ia.token_inputs(sd, cfg, 0, torch.arange(6)))
-        shares = ia.token_share(sd, cfg, 0, tokens, heads, samples=64)
+        shares = ia.token_share(sd, cfg, 0, tokens, heads)
         if expect is None:
             assert all(s == pytest.approx(1.0, abs=1e-9) for s in shares), shares
         else:
             assert all(s < 0.02 for s in shares), shares
 
 
-@pytest.mark.parametrize('kind', ['sa', 'linear', 'hfa_v1', 'ha'])
-def test_offset_profile_against_the_formula(kind):
-    """The score by key offset, averaged over tokens: a naive reference over every token pair
-    (triple) and position, from the formula, float64."""
+@pytest.mark.parametrize('kind,w1,w2', [('sa', 0, 0), ('sa', 2, 0), ('linear', 0, 0), ('hfa_v1', 0, 0),
+                                         ('ha', 0, 0), ('ha', 3, 2)])
+def test_offset_profile_against_the_formula(kind, w1, w2):
+    """The score by key offset, averaged over tokens, over the offsets the head sees (windows
+    included): a naive reference over every token pair (triple) and position, from the
+    formula, float64."""
     gen = torch.Generator().manual_seed(13)
-    cfg = GPTConfig(vocab_size=4, block_size=5, n_layer=1, n_head=2, n_embd=8, bias=True, attention=kind)
+    windows = dict(ha_window1=w1, ha_window2=w2) if kind == 'ha' else dict(attn_window=w1)
+    cfg = GPTConfig(vocab_size=4, block_size=5, n_layer=1, n_head=2, n_embd=8, bias=True, attention=kind, **windows)
     model = GPT(cfg).double()
     with torch.no_grad():
         for p in model.parameters():
@@ -226,17 +229,19 @@ def test_offset_profile_against_the_formula(kind):
                   sd['transformer.h.0.ln_1.weight'], sd['transformer.h.0.ln_1.bias'])  # (tokens, P, d)
     W, B = sd['transformer.h.0.attn.groups.0.c_attn.weight'], sd['transformer.h.0.attn.groups.0.c_attn.bias']
     S = (x @ W.T + B).view(3, 5, -1, 2, 4)  # (tokens, P, streams, H, dh)
+    sees = lambda i, j, w: j <= i and (not w or i - j < w)  # noqa: E731
     for h, prof in enumerate(profiles):
         if kind == 'ha':
             t = torch.einsum('aip,bjp,ckp->abcijk', S[:, :, 0, h], S[:, :, 1, h], S[:, :, 2, h]).mean((0, 1, 2)) / 2
-            ref = torch.zeros(5, 5, dtype=torch.float64)
-            n = torch.zeros(5, 5)
+            D1, D2 = w1 or 5, w2 or 5
+            assert prof.shape == (D1, D2)
+            ref, n = torch.zeros(D1, D2, dtype=torch.float64), torch.zeros(D1, D2)
             for i in range(5):
-                tc = t[i, :i + 1, :i + 1] - t[i, :i + 1, :i + 1].mean()  # centred over the visible pairs
-                for d1 in range(i + 1):
-                    for d2 in range(i + 1):
-                        ref[d1, d2] += tc[i - d1, i - d2]
-                        n[d1, d2] += 1
+                pairs = [(j1, j2) for j1 in range(5) for j2 in range(5) if sees(i, j1, w1) and sees(i, j2, w2)]
+                mean = sum(t[i, j1, j2] for j1, j2 in pairs) / len(pairs)  # centred over the visible pairs
+                for j1, j2 in pairs:
+                    ref[i - j1, i - j2] += t[i, j1, j2] - mean
+                    n[i - j1, i - j2] += 1
             assert torch.allclose(prof, ref / n, rtol=1e-10, atol=1e-12)
             continue
         if kind == 'hfa_v1':
@@ -244,8 +249,11 @@ def test_offset_profile_against_the_formula(kind):
         else:
             c = torch.einsum('aip,bjp->ij', S[:, :, 0, h], S[:, :, 1, h]) / 9 / 2
         ref = []
-        for d in range(5):
-            vals = [c[i, i - d] - (c[i, :i + 1].mean() if kind != 'linear' else 0) for i in range(d, 5)]
+        for d in range(w1 or 5):
+            vals = []
+            for i in range(d, 5):
+                seen = [c[i, j] for j in range(5) if sees(i, j, w1)]
+                vals.append(c[i, i - d] - (sum(seen) / len(seen) if kind != 'linear' else 0))
             ref.append(sum(vals) / len(vals))
         assert torch.allclose(prof, torch.stack(ref), rtol=1e-10, atol=1e-12)
 
@@ -463,7 +471,8 @@ def test_command_line_on_a_trained_ha_checkpoint(tmp_path, char_data):
     head = report['heads'][0]
     assert np.array(head['T']).shape == (6, 6, 6) and len(head['top_triples']) == 4
     assert ' <- (' in head['top_triples'][0]['text'] and 0 <= head['three_way_share'] <= 1
-    for name in ('layer1_head0.png', 'layer1_head0_values.png', 'layer1_heads.png'):
+    for name in ('layer1_head0.png', 'layer1_head0_three_way.png', 'layer1_head0_values.png', 'layer1_heads.png',
+                 'layer1_offsets.png'):
         assert (tmp_path / 'rep' / name).exists()
 
 
@@ -471,7 +480,8 @@ def test_command_line_on_a_trained_ha_checkpoint(tmp_path, char_data):
 def test_command_line_on_each_variant(tmp_path, char_data, kind):
     cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=False, attention=kind)
     save_ckpt(tmp_path / kind, GPT(cfg), list('abcdefghijklmnop'), dataset='unused')
-    run(['interactions.py', f'--out_dir={tmp_path / kind}', f'--data_dir={char_data}', '--figures=False'])
+    run(['interactions.py', f'--out_dir={tmp_path / kind}', f'--data_dir={char_data}', '--figures=False',
+         '--min_freq=0'])
     report = json.loads((tmp_path / kind / 'interactions' / 'interactions.json').read_text())
     head = report['heads'][1]
     assert np.array(head['C']).shape == (16, 16) and head['ranked_by'] == (
