@@ -44,10 +44,10 @@ Ranking. A softmax head (sa, hfa, ha with softmax) is unchanged by adding to the
 one query a constant that does not depend on the key, so for these the pairs (triples) are
 ranked by the query-centred coefficient C_h[a, b] - mean_b' C_h[a, b'] (for HA, centred over
 all key pairs (b, c)); linear heads are ranked by the raw coefficient, which multiplies the
-value as it is. A pairwise head's ranked matrix splits the same way into a key effect (its
-column means: keys every query reads) and the specific pairs (row and column means removed:
-the coupling of a and b beyond what either does with every token). For HA the query-centred T_h[a] splits into a part that depends on b alone, a
-part on c alone, and the rest, the three-way part
+value as it is. A pairwise head's ranked matrix splits into a key effect (its column means:
+keys every query reads) and specific pairs (row and column means removed: the coupling of a
+and b beyond what either does with every token). For HA the query-centred T_h[a] splits into
+a part that depends on b alone, a part on c alone, and the rest, the three-way part
 
     T3_h[a, b, c] = T_h[a, b, c] - mean_c T_h[a, b, c] - mean_b T_h[a, b, c] + mean_bc T_h[a, b, c]
 
@@ -55,16 +55,15 @@ which is what no pairwise head can produce: if T3_h = 0, the joint softmax over 
 the product of two independent softmaxes over b and over c. three_way_share is its fraction
 of the query-centred coefficient's sum of squares. Means are plain means over the tokens read.
 
-Caveats. Layer 0 of a multi-layer model is read exactly in this basis; a later layer (or
-the first layer's interplay with the rest) is not: its input also holds every earlier
-layer's output, which depends on the context, and x(a) here keeps only the embedding's
-direct path. Averaging positions hides what a head does by position (a previous-token head
-reads as weak token structure): token_share, per head, measures how much of the head's real
-score, for tokens at random positions, the read-out explains (R^2; 1: tokens alone; the mean
-of four independent draws, token_share_spread half their range). A
-coefficient says which tokens a head couples, not what the model predicts. What averaging
-positions hides, offset_profile shows: the same read-out with the roles of token and
-position swapped, the score by key offset d (key at i - d), averaged over tokens.
+Caveats. Layer 0 of a multi-layer model is read exactly in this basis; a later layer is
+not: its input also holds every earlier layer's output, which depends on the context, and
+x(a) here keeps only the embedding's direct path. A coefficient says which tokens a head
+couples, not what the model predicts. Averaging positions hides what a head does by
+position (a previous-token head reads as weak token structure), so two measures go with it,
+per head: token_share, how much of the head's real score, for tokens at random positions,
+the read-out explains (R^2; 1: tokens alone; the mean of four independent draws,
+token_share_spread half their range), and offset_profile, the same read-out with the roles
+of token and position swapped: the score by key offset d (key at i - d), averaged over tokens.
 
 Writes to report_dir: interactions.json (everything: options, tokens with their counts in the
 training data, per head the matrices, its top pairs or triples as readable strings), a
@@ -72,6 +71,7 @@ heatmap per head (layer<L>_head<h>.png; HFA also _factors.png; HA the slices T[a
 queries a with the strongest three-way part, _three_way.png the same slices of T3, and
 _values.png), layer<L>_heads.png, every head of the layer on one colour scale,
 and layer<L>_offsets.png, the score by key offset.
+
 The read-out covers the tokens of the training data (its first freq_tokens tokens are
 counted) with a frequency of at least min_freq, at most top_n of them, the most frequent: a
 token seen a few times in training keeps an embedding shaped mostly by weight tying's output
@@ -198,7 +198,8 @@ def layer_norm(sd, layer, ln=True):
     def norm(x):
         if not ln:
             return x
-        return F.layer_norm(x, x.shape[-1:], None if w is None else w.double(), None if b is None else b.double(), LN_EPS)
+        return F.layer_norm(x, x.shape[-1:], None if w is None else w.double(),
+                            None if b is None else b.double(), LN_EPS)
     return norm
 
 
@@ -417,7 +418,8 @@ def top_entries(x, k, largest=True):
 def describe_head(r, labels, k):
     """Top pairs (a -> b: query a reads key b) or triples (a <- (b, c)) as dicts with text."""
     def pair(ix, v):
-        return dict(query=labels[ix[0]], key=labels[ix[1]], value=v, text=f"{labels[ix[0]]} -> {labels[ix[1]]}  {v:+.4g}")
+        a, b = labels[ix[0]], labels[ix[1]]
+        return dict(query=a, key=b, value=v, text=f"{a} -> {b}  {v:+.4g}")
 
     def triple(ix, v):
         a, b, c = (labels[i] for i in ix)
@@ -498,7 +500,8 @@ def write_figures(heads, labels, layer, name, folder):
             if 'factors' in r:
                 paths.append(heatmaps(list(r['factors']), [f"factor {s + 1}" for s in range(len(r['factors']))],
                                       labels, ('query token (a)', 'key token (b)'),
-                                      f"{name}: layer {layer} head {h} ({r['kind']}), score factors q_s(a).k_s(b)/sqrt(dh)",
+                                      f"{name}: layer {layer} head {h} ({r['kind']}), "
+                                      f"score factors q_s(a).k_s(b)/sqrt(dh)",
                                       f"{base}_factors.png"))
             what = 'product of the factors' if 'factors' in r else 'C[a, b]'
             paths.append(heatmaps([r['ranked']], [f"{what}{centred(r)}"], labels, ('query token (a)', 'key token (b)'),
@@ -618,6 +621,20 @@ def choose_tokens(counts, vocab_size, n, min_freq=0.0):
     return sorted(int(i) for i in order)
 
 
+def select_tokens(data_dir, dataset, vocab_size, n, min_freq, freq_tokens):
+    """(token ids read, their counts in the training data or None) from data_dir, or else the
+    checkpoint's dataset under data/."""
+    folder = Path(data_dir) if data_dir else (Path(__file__).resolve().parent / 'data' / dataset if dataset else None)
+    counts = None
+    if folder is not None and (folder / 'train.bin').exists():
+        counts = token_counts(folder, vocab_size, freq_tokens)
+    elif data_dir:
+        raise UserError(f"{folder / 'train.bin'} not found; prepare the data or point --data_dir at a prepared folder")
+    else:
+        print(f"note: no training data found ({folder or 'the weights name no dataset'}); reading every token")
+    return choose_tokens(counts, vocab_size, n, min_freq), counts
+
+
 # -----------------------------------------------------------------------------
 
 def rounded(x, digits=6):
@@ -630,6 +647,22 @@ def rounded(x, digits=6):
     if isinstance(x, (list, tuple)):
         return [rounded(v, digits) for v in x]
     return x
+
+
+def head_report(r, labels, top_k, share, spread, profile):
+    """One head's entry of interactions.json: its tops as text, its measures, its matrices."""
+    tops = describe_head(r, labels, top_k)
+    tops['top_offsets'] = [dict(offset=list(ix) if len(ix) > 1 else ix[0], value=v,
+                                text=f"{ix[0] if len(ix) == 1 else ix}  {v:+.3g}")
+                           for ix, v in top_entries(profile, 3)]
+    entry = dict(head=r['head'], kind=r['kind'], softmax=r['softmax'],
+                 ranked_by='query-centred coefficient' if r['softmax'] else 'raw coefficient',
+                 token_share=share, token_share_spread=spread, three_way_share=r.get('three_way_share'),
+                 **tops, offset_profile=rounded(profile))
+    for key in ('C', 'factors', 'T', 'value_norm', 'key_effect', 'specific'):  # T3: three_way_part(T)
+        if key in r:
+            entry[key] = rounded(r[key])
+    return entry
 
 
 def main(argv=None):
@@ -648,16 +681,7 @@ def main(argv=None):
     if o['top_n'] < 0 or o['top_k'] < 1:
         raise UserError("top_n must be >= 0 (0: automatic) and top_k >= 1")
 
-    folder = Path(o['data_dir']) if o['data_dir'] else (
-        Path(__file__).resolve().parent / 'data' / dataset if dataset else None)
-    counts = None
-    if folder is not None and (folder / 'train.bin').exists():
-        counts = token_counts(folder, cfg.vocab_size, o['freq_tokens'])
-    elif o['data_dir']:
-        raise UserError(f"{folder / 'train.bin'} not found; prepare the data or point --data_dir at a prepared folder")
-    else:
-        print(f"note: no training data found ({folder or 'the weights name no dataset'}); reading every token")
-    tokens = choose_tokens(counts, cfg.vocab_size, n, o['min_freq'])
+    tokens, counts = select_tokens(o['data_dir'], dataset, cfg.vocab_size, n, o['min_freq'], o['freq_tokens'])
     all_labels = token_labels(meta, cfg.vocab_size)
     labels = [all_labels[i] for i in tokens]
 
@@ -682,35 +706,26 @@ def main(argv=None):
         print(f"note: layer {o['layer']} is read through the embedding's direct path only; its real input also "
               f"holds the earlier layers' outputs")
     report = dict(source=str(Path(o['out_dir']) / 'ckpt.pt') if o['init_from'] == 'resume' else o['init_from'],
-                  layer=o['layer'], attention=kind, options={k: o[k] for k in ('positions', 'ln', 'top_n', 'min_freq', 'top_k', 'freq_tokens')},
+                  layer=o['layer'], attention=kind,
+                  options={k: o[k] for k in ('positions', 'ln', 'top_n', 'min_freq', 'top_k', 'freq_tokens')},
                   model_args={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
                   precision='matrices at 6 significant digits; an HA head\'s three-way part is three_way_part(T)',
                   tokens=[dict(id=t, text=all_labels[t], count=None if counts is None else int(counts[t]))
                           for t in tokens],
                   coverage=covered, heads=[])
     for r, (share, spread), prof in zip(heads, shares, offsets):
-        tops = describe_head(r, labels, o['top_k'])
-        tops['top_offsets'] = [dict(offset=list(ix) if len(ix) > 1 else ix[0], value=v,
-                                    text=f"{ix[0] if len(ix) == 1 else ix}  {v:+.3g}") for ix, v in top_entries(prof, 3)]
-        entry = dict(head=r['head'], kind=r['kind'], softmax=r['softmax'], token_share=share, token_share_spread=spread,
-                     offset_profile=rounded(prof),
-                     ranked_by='query-centred coefficient' if r['softmax'] else 'raw coefficient', **tops)
-        for key in ('C', 'factors', 'T', 'value_norm', 'key_effect', 'specific'):  # T3: three_way_part(T)
-            if key in r:
-                entry[key] = rounded(r[key])
-        if 'three_way_share' in r:
-            entry['three_way_share'] = r['three_way_share']
+        entry = head_report(r, labels, o['top_k'], share, spread, prof)
         report['heads'].append(entry)
-        lead = tops.get('top_triples') or tops['top_pairs']
+        lead = entry.get('top_triples') or entry['top_pairs']
         extra = f", token share {share:.2f} +- {spread:.2f}" if share is not None else ''
         extra += f", three-way share {r['three_way_share']:.2f}" if 'three_way_share' in r else ''
         print(f"head {r['head']} ({r['kind']}{extra}): " + ';  '.join(e['text'] for e in lead[:5]))
-        print("  strongest offsets (key i - d): " + ';  '.join(e['text'] for e in tops['top_offsets']))
-        if 'top_three_way' in tops:
-            print("  three-way part: " + ';  '.join(e['text'] for e in tops['top_three_way'][:5]))
+        print("  strongest offsets (key i - d): " + ';  '.join(e['text'] for e in entry['top_offsets']))
+        if 'top_three_way' in entry:
+            print("  three-way part: " + ';  '.join(e['text'] for e in entry['top_three_way'][:5]))
         else:
-            print("  keys read by every query: " + ';  '.join(e['text'] for e in tops['top_keys'][:5]))
-            print("  specific pairs: " + ';  '.join(e['text'] for e in tops['top_specific_pairs'][:5]))
+            print("  keys read by every query: " + ';  '.join(e['text'] for e in entry['top_keys'][:5]))
+            print("  specific pairs: " + ';  '.join(e['text'] for e in entry['top_specific_pairs'][:5]))
     path = out / 'interactions.json'
     tmp = path.with_suffix('.json.tmp')
     tmp.write_text(json.dumps(report, separators=(',', ':')))
