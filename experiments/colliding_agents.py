@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from experiments.common import Timer, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import RunClock, Timer, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # data
@@ -290,6 +290,7 @@ def main(argv=None):
     if args.quick:
         args.N, args.R, args.L, args.B, args.B_test, args.steps = 24, 1, 6, 600, 200, 60
     with torch_threads(args.threads):
+        clock = RunClock()
         gen = seed_all(args.seed)
         data = make_data(args.B, args.L, args.N, args.R, gen)
         lengths = [int(x) for x in args.test_lengths.split(",")]
@@ -310,6 +311,8 @@ def main(argv=None):
                     savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
                 save_results(args.out, results)  # after every run: long jobs keep partial results
         savefig(length_figure(results), args.out, "ia_colliding_length.png")
+        results.update(clock.stamp())
+        save_results(args.out, results)
         return results
 
 

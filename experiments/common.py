@@ -47,6 +47,18 @@ def savefig(fig, out, name, dpi=90):
     return path
 
 
+class RunClock:
+    """A whole run's wall time and the 1-minute load average at its start and end, recorded in
+    results.json because the machine these runs share is often busy (times are upper bounds)."""
+
+    def __init__(self):
+        self.t0, self.load0 = time.perf_counter(), os.getloadavg()[0]
+
+    def stamp(self):
+        return {"wall_seconds": round(time.perf_counter() - self.t0, 1),
+                "load_average": [round(self.load0, 2), round(os.getloadavg()[0], 2)]}
+
+
 class Timer:
     def __enter__(self):
         self.t0 = time.perf_counter()

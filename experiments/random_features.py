@@ -207,14 +207,16 @@ def model_features(model, x0, X, M, d, gen, const=True):
     raise ValueError(model)
 
 
-def run_cell(seed, N, M, d, ns, n_test, targets, models, rel_grid, const=True):
+def run_cell(seed, N, M, d, ns, n_test, targets, models, rel_grid, const=True, n_pool=None):
     """
     Errors[model][target] = list over ns. Training sets are nested prefixes of one
-    sample so the n-curves of a seed are smooth; the test set is shared by all models.
+    sample (of n_pool + n_test points, n_pool = max(ns) by default) so the n-curves of a seed
+    are smooth; the test set is shared by all models. Cells of one seed and N that draw the
+    same pool see the same data, so the M sweep's point at the main M is the main sweep's cell.
     """
     gen = torch.Generator().manual_seed(seed)
     beta = sample_sphere((), d, gen)
-    x0, X = sample_inputs(max(ns) + n_test, N, d, gen)
+    x0, X = sample_inputs(max(max(ns), n_pool or 0) + n_test, N, d, gen)
     Y = torch.stack([target_values(t, x0, X, beta) for t in targets], dim=1)
     out = {}
     for model in models:
@@ -239,7 +241,7 @@ def config_from_args(args):
     if args.quick:
         # a few seconds, yet large enough for claim 1, BRFA's cos advantage, the beta ordering,
         # dot3 < dot2, and the parity check to show clearly (tests/test_random_features.py)
-        cfg = dict(d=4, Ns=[4, 16], N_main=16, M=64, Ms=[16, 64], n_M=512,
+        cfg = dict(d=4, Ns=[4, 16], N_main=16, M=64, Ms=[16, 64], n_M=1024,
                    ns=[256, 1024, 2048], n_test=500)
     else:
         # d=4: with d=8 and M*D ~ 600 features every model stayed near error 1 for n <= 2048
@@ -267,16 +269,20 @@ def run_sweep(cfg):
     jobs = [("N", N, c["M"], s) for N in c["Ns"] for s in range(c["seeds"])]
     jobs += [("M", c["N_main"], M, s) for M in c["Ms"] for s in range(c["seeds"])]
     jobs += [("noconst", c["N_main"], c["M"], s) for s in range(c["seeds"])]
-    raw = {}
+    raw, seconds = {}, {}
     for kind, N, M, s in tqdm(jobs, desc="rf sweep"):
+        t0 = time.perf_counter()
         if kind == "N":
             r = run_cell(s, N, M, c["d"], c["ns"], c["n_test"], c["targets"], c["models"], c["rel_grid"])
-        elif kind == "M":
-            r = run_cell(s, N, M, c["d"], [c["n_M"]], c["n_test"], c["targets"], ["RFA", "BRFA"], c["rel_grid"])
+        elif kind == "M":  # the main sweep's data (same pool), fit at n = n_M only
+            r = run_cell(s, N, M, c["d"], [c["n_M"]], c["n_test"], c["targets"], ["RFA", "BRFA"], c["rel_grid"],
+                         n_pool=max(c["ns"]))
         else:  # the parity check: RFA/BRFA without the constant coordinate
             r = run_cell(s, N, M, c["d"], [max(c["ns"])], c["n_test"], c["targets"], ["RFA", "BRFA"],
                          c["rel_grid"], const=False)
         raw.setdefault((kind, N, M), []).append(r)
+        key = f"{kind} N={N} M={M}"
+        seconds[key] = round(seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
 
     def summarise(cells):  # list over seeds of {model: {target: [errs]}} -> mean/std
         models = cells[0].keys()
@@ -285,7 +291,8 @@ def run_sweep(cfg):
 
     res = {"by_N": {str(N): summarise(raw[("N", N, c["M"])]) for N in c["Ns"]},
            "by_M": {str(M): summarise(raw[("M", c["N_main"], M)]) for M in c["Ms"]},
-           "no_const_coord": summarise(raw[("noconst", c["N_main"], c["M"])])}
+           "no_const_coord": summarise(raw[("noconst", c["N_main"], c["M"])]),
+           "seconds": seconds}  # wall time of each sweep cell, summed over seeds
     return res
 
 
@@ -448,12 +455,13 @@ def main(argv=None):
     with torch_threads(args.threads):
 
         cfg = config_from_args(args)
-        t0 = time.time()
+        t0, load0 = time.time(), os.getloadavg()[0]
         res = run_sweep(cfg)
         claims = check_claims(cfg, res)
         wall = time.time() - t0
         out = {"note": "Our reconstruction of [RF] (arXiv 2307.11353); not the paper's code.",
-               "config": cfg, "results": res, "claims": claims, "wall_time_s": wall}
+               "config": cfg, "results": res, "claims": claims, "wall_time_s": wall,
+               "load_average": [load0, os.getloadavg()[0]]}
         for name, c in claims.items():
             print(f"{name}: holds={c['holds']}")
         print(f"wall time {wall:.1f}s")

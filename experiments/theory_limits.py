@@ -39,7 +39,7 @@ import os
 import torch
 
 from experiments.colliding_agents import LinearSA, train
-from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import RunClock, Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # (a) non-versatile data
@@ -325,6 +325,7 @@ def main(argv=None):
         args.test_lengths_b, args.steps_b_lbfgs, args.steps_b_adam = "2,4,6", 30, 60
         args.L_b_range, args.seeds_b = "3,4", 1
     with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
+        clock = RunClock()
         gen = seed_all(args.seed)
         results = {"config": vars(args).copy(),
                    "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "
@@ -333,6 +334,7 @@ def main(argv=None):
         gp = genotype(args, gen)
         results["genotype_phenotype"] = gp
         savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png")
+        results.update(clock.stamp())
         save_results(args.out, results)
         return results
 
