@@ -32,7 +32,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from experiments.common import RunClock, Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import RunRecord, Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPTConfig, make_attention  # noqa: E402  (the project's attention classes)
@@ -178,8 +178,8 @@ def main(argv=None):
         args.B, args.B_test, args.steps, args.seeds, args.lr = 600, 200, 200, 2, 1e-2
 
     with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
-        clock = RunClock()
-        results = {"config": vars(args).copy(),
+        run = RunRecord("experiments.beyond_pairwise", argv)
+        results = {**run.header(), "config": vars(args).copy(),
                    "optimiser": f"Adam lr {args.lr}, cosine decay, {args.steps} steps, batch {args.batch}",
                    "attention": "model.make_attention, n_head=1, causal=False, softmax=False, bias=False"}
         coupled = lambda B, t, g: coupled_task(B, args.L, args.Na, args.Nb, t, g)  # noqa: E731
@@ -194,8 +194,8 @@ def main(argv=None):
                                        [args.N])
         args.L = L_saved
         savefig(figure({k: results[k] for k in ("coupled_features", "three_way")}), args.out,
-                "ia_beyond_pairwise.png")
-        results.update(clock.stamp())
+                "ia_beyond_pairwise.png", run=run)
+        results.update(run.stamp())
         save_results(args.out, results)
         return results
 

@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from experiments.common import RunClock, Timer, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import RunRecord, Timer, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # data
@@ -290,12 +290,12 @@ def main(argv=None):
     if args.quick:
         args.N, args.R, args.L, args.B, args.B_test, args.steps = 24, 1, 6, 600, 200, 60
     with torch_threads(args.threads):
-        clock = RunClock()
+        run = RunRecord("experiments.colliding_agents", argv)
         gen = seed_all(args.seed)
         data = make_data(args.B, args.L, args.N, args.R, gen)
         lengths = [int(x) for x in args.test_lengths.split(",")]
         tests = {L: make_data(args.B_test, L, args.N, args.R, gen) for L in lengths}
-        results = {"config": vars(args).copy(),
+        results = {**run.header(), "config": vars(args).copy(),
                    "optimiser": (f"full-batch L-BFGS (strong Wolfe, history 50), {args.steps} iterations, float64"
                                  if args.optim == "lbfgs" else
                                  f"full-batch Adam lr {args.lr}, cosine decay, {args.steps} steps, float64"),
@@ -308,10 +308,10 @@ def main(argv=None):
                       f"test {' '.join(f'L{L}:{v:.1e}' for L, v in res['test_mse'].items())} "
                       f"equiv {res['equivalence_msd']:.2e} ({res['train_seconds']} s)", flush=True)
                 if init == "theory":
-                    savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png")
+                    savefig(figure(model, kind, args), args.out, f"ia_colliding_{kind}.png", run=run)
                 save_results(args.out, results)  # after every run: long jobs keep partial results
-        savefig(length_figure(results), args.out, "ia_colliding_length.png")
-        results.update(clock.stamp())
+        savefig(length_figure(results), args.out, "ia_colliding_length.png", run=run)
+        results.update(run.stamp())
         save_results(args.out, results)
         return results
 

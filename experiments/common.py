@@ -1,6 +1,8 @@
 """Small helpers shared by the interaction experiments: seeding, results.json, figures."""
 import json
 import os
+import shlex
+import sys
 import time
 
 import matplotlib
@@ -39,24 +41,52 @@ def save_results(out, results):
     return path
 
 
-def savefig(fig, out, name, dpi=90):
+def savefig(fig, out, name, dpi=90, run=None):
+    """Save a PNG; with `run` (a RunRecord), the PNG's text chunks name the command and the run
+    that drew it, so a figure in assets/ can be matched to the committed results.json."""
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, name)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", metadata=run.png_metadata() if run else None)
     plt.close(fig)
     return path
 
 
-class RunClock:
-    """A whole run's wall time and the 1-minute load average at its start and end, recorded in
-    results.json because the machine these runs share is often busy (times are upper bounds)."""
+class RunRecord:
+    """Where a run's numbers come from: the command line, a run id (also written into every
+    figure of the run), its wall time and the 1-minute load average at its start and end, all
+    recorded in results.json (the machine these runs share is often busy: times are upper bounds)."""
 
-    def __init__(self):
+    def __init__(self, module, argv=None):
+        argv = sys.argv[1:] if argv is None else list(argv)
+        self.command = " ".join(["python", "-m", module] + [shlex.quote(str(a)) for a in argv])
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.t0, self.load0 = time.perf_counter(), os.getloadavg()[0]
+
+    @classmethod
+    def of(cls, results):
+        """The record of an earlier run, from its results.json (to redraw its figures)."""
+        run = cls.__new__(cls)
+        run.command, run.run_id = results.get("command", ""), results.get("run_id", "")
+        return run
+
+    def header(self):
+        return {"command": self.command, "run_id": self.run_id}
 
     def stamp(self):
         return {"wall_seconds": round(time.perf_counter() - self.t0, 1),
                 "load_average": [round(self.load0, 2), round(os.getloadavg()[0], 2)]}
+
+    def png_metadata(self):
+        return {"Source": self.command, "Comment": f"run_id={self.run_id}"}
+
+
+def png_source(path):
+    """(command, run_id) that savefig wrote into a PNG, or (None, None)."""
+    from PIL import Image
+    with Image.open(path) as im:
+        text = dict(getattr(im, "text", {}) or {})
+    run = text.get("Comment", "")
+    return text.get("Source"), run[len("run_id="):] if run.startswith("run_id=") else None
 
 
 class Timer:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from experiments.common import torch_threads
+from experiments.common import RunRecord, torch_threads
 
 DTYPE = torch.float64  # every tensor here is float64, passed explicitly (torch's default dtype is left alone)
 
@@ -364,7 +364,7 @@ def check_claims(cfg, res):
 # plots
 
 
-def plot_all(cfg, res, out):
+def plot_all(cfg, res, out, metadata=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -400,7 +400,7 @@ def plot_all(cfg, res, out):
                  f"N={cfg['N_main']}, M={cfg['M']}, mean ± std over {cfg['seeds']} seeds")
     fig.tight_layout()
     paths.append(os.path.join(out, "rf_error_vs_n.png"))
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, metadata=metadata)
     plt.close(fig)
 
     # 2. the N dependence: RFA (solid) vs RFMLP (dashed), one shade per N
@@ -417,7 +417,7 @@ def plot_all(cfg, res, out):
     fig.suptitle(f"Effect of the number of keys N: RFA (solid) vs RFMLP (dashed), M={cfg['M']}")
     fig.tight_layout()
     paths.append(os.path.join(out, "rf_error_vs_n_by_N.png"))
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, metadata=metadata)
     plt.close(fig)
 
     # 3. the M (heads) dependence at fixed n
@@ -433,7 +433,7 @@ def plot_all(cfg, res, out):
     fig.suptitle(f"Effect of the number of heads M at n={cfg['n_M']}, N={cfg['N_main']}")
     fig.tight_layout()
     paths.append(os.path.join(out, "rf_error_vs_M.png"))
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, metadata=metadata)
     plt.close(fig)
     return paths
 
@@ -455,19 +455,19 @@ def main(argv=None):
     with torch_threads(args.threads):
 
         cfg = config_from_args(args)
-        t0, load0 = time.time(), os.getloadavg()[0]
+        run = RunRecord("experiments.random_features", argv)
+        t0 = time.time()
         res = run_sweep(cfg)
         claims = check_claims(cfg, res)
         wall = time.time() - t0
-        out = {"note": "Our reconstruction of [RF] (arXiv 2307.11353); not the paper's code.",
-               "config": cfg, "results": res, "claims": claims, "wall_time_s": wall,
-               "load_average": [load0, os.getloadavg()[0]]}
+        out = {"note": "Our reconstruction of [RF] (arXiv 2307.11353); not the paper's code.", **run.header(),
+               "config": cfg, "results": res, "claims": claims, "wall_time_s": wall, **run.stamp()}
         for name, c in claims.items():
             print(f"{name}: holds={c['holds']}")
         print(f"wall time {wall:.1f}s")
         if args.out:
             os.makedirs(args.out, exist_ok=True)
-            paths = plot_all(cfg, res, args.out)
+            paths = plot_all(cfg, res, args.out, run.png_metadata())
             # inf (never reached eps) is not valid JSON; write it as null
             text = json.dumps(out, indent=1, default=str).replace("Infinity", "null")
             with open(os.path.join(args.out, "results.json"), "w") as f:

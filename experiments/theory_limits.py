@@ -39,7 +39,7 @@ import os
 import torch
 
 from experiments.colliding_agents import LinearSA, train
-from experiments.common import RunClock, Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import RunRecord, Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
 
 # -----------------------------------------------------------------------------
 # (a) non-versatile data
@@ -317,7 +317,8 @@ def main(argv=None):
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
         args.L_b = results["config"]["L_b"]
-        savefig(figure(results["genotype_phenotype"], args), args.out, "ia_genotype_phenotype.png")
+        savefig(figure(results["genotype_phenotype"], args), args.out, "ia_genotype_phenotype.png",
+                run=RunRecord.of(results))  # the same numbers: the figure keeps the run's command and id
         return results
     if args.quick:
         args.N_a, args.L_a, args.B_a, args.steps_a = 6, 3, 60, 80
@@ -325,16 +326,16 @@ def main(argv=None):
         args.test_lengths_b, args.steps_b_lbfgs, args.steps_b_adam = "2,4,6", 30, 60
         args.L_b_range, args.seeds_b = "3,4", 1
     with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
-        clock = RunClock()
+        run = RunRecord("experiments.theory_limits", argv)
         gen = seed_all(args.seed)
-        results = {"config": vars(args).copy(),
+        results = {**run.header(), "config": vars(args).copy(),
                    "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "
                                 "ReLU model: full-batch Adam, cosine decay",
                    "versatility": versatility(args, gen)}
         gp = genotype(args, gen)
         results["genotype_phenotype"] = gp
-        savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png")
-        results.update(clock.stamp())
+        savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png", run=run)
+        results.update(run.stamp())
         save_results(args.out, results)
         return results
 
