@@ -42,7 +42,8 @@ import math
 
 import torch
 
-from experiments.common import RunRecord, Timer, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import (RunRecord, Timer, load_results, md_table, print_tables, run_row, save_results,
+                                savefig, sci, seed_all, plt, torch_threads)
 
 # -----------------------------------------------------------------------------
 # data
@@ -268,6 +269,29 @@ def length_figure(results):
     return fig
 
 
+# -----------------------------------------------------------------------------
+# the tables of docs/interactions.md, section 1, generated from a results.json
+
+
+# what [IA] reports (captions; the main text says 1e-4 for the equivalence), beside our runs
+REPORTED = ("*reported [IA]*", "theory", "-> 0", "~1e-7", "~1e-5 (1e-4 in text)", "< 600 (target)")
+
+
+def tables(results):
+    """{name: markdown} of section 1: the run row, and the runs' table (train and test MSE at every
+    test length, the Ct*Wt difference, train time) with [IA]'s reported row, Var(y), the optimiser."""
+    runs = results["runs"]
+    lengths = sorted(runs[0]["test_mse"], key=int)
+    header = ["embedding", "init", "train MSE"] + [f"test L={L}" for L in lengths] + ["Ct*Wt MSD", "train time (s)"]
+    rows = [[r["embedding"], r["init"], sci(r["train_mse"])] + [sci(r["test_mse"][L]) for L in lengths]
+            + [sci(r["equivalence_msd"]), f"{r['train_seconds']:.0f}"] for r in runs]
+    name, init, train, test, msd, time = REPORTED
+    rows.append([name, init, train] + [test] * len(lengths) + [msd, time])
+    return {"run": run_row(results, "colliding agents"),
+            "runs": md_table(header, rows) + f"\n\nVar(y) on the training set: {results['target_var']:.2f}. "
+                                              f"Optimiser: {results['optimiser']}."}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--N", type=int, default=360)
@@ -286,7 +310,11 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave default)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds")
     p.add_argument("--out", default="results/colliding_agents")
+    p.add_argument("--tables", metavar="DIR", help="print docs/interactions.md's tables from DIR/results.json")
     args = p.parse_args(argv)
+    if args.tables:
+        print_tables(tables(load_results(args.tables)))
+        return None
     if args.quick:
         args.N, args.R, args.L, args.B, args.B_test, args.steps = 24, 1, 6, 600, 200, 60
     with torch_threads(args.threads):

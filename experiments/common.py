@@ -33,6 +33,35 @@ def to_jsonable(x):
     return x
 
 
+def load_results(folder):
+    with open(os.path.join(folder, "results.json")) as f:
+        return json.load(f)
+
+
+def md_table(header, rows):
+    """A markdown table: a header row, the rule, one line per row (cells already formatted)."""
+    line = lambda cells: "| " + " | ".join(str(c) for c in cells) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
+
+
+def sci(x):
+    """The tables' scientific notation: two significant digits (7.4e-11)."""
+    return "-" if x is None else f"{x:.1e}"
+
+
+def run_row(results, label):
+    """A row of the docs' run table: the command and its wall time under the load it met."""
+    a, b = results["load_average"]
+    return (f"| {label} | `{results['command']}` | {results['wall_seconds']:.0f} s "
+            f"(load {a:.1f} at start, {b:.1f} at end) |")
+
+
+def print_tables(tables):
+    """--tables DIR: each generated block under its name, as the docs show it."""
+    for name, text in tables.items():
+        print(f"[{name}]\n{text}\n")
+
+
 def save_results(out, results):
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.json")

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from experiments.common import RunRecord, torch_threads
+from experiments.common import RunRecord, load_results, md_table, print_tables, torch_threads
 
 DTYPE = torch.float64  # every tensor here is float64, passed explicitly (torch's default dtype is left alone)
 
@@ -439,6 +439,61 @@ def plot_all(cfg, res, out, metadata=None):
 
 
 # -----------------------------------------------------------------------------
+# the tables of docs/random_features.md, generated from a results.json
+
+MAIN_TABLE_NS = (128, 512, 1024, 4096)  # the main table's columns (the figures show every n)
+
+
+def _signed(x):
+    return f"{'+' if x >= 0 else '−'}{abs(x):.3f}"
+
+
+def _samples(n):
+    return "never" if n is None or n == float("inf") else f"{n:.0f}"
+
+
+def tables(out):
+    """{name: markdown} of docs/random_features.md from a results.json (`out`): the run line, the
+    main table (error vs n at N_main), the N and M sweeps, the three claims' numbers, the check
+    without the constant coordinate."""
+    cfg, res, claims = out["config"], out["results"], out["claims"]
+    ns, targets, N_main, n_max = cfg["ns"], cfg["targets"], cfg["N_main"], max(cfg["ns"])
+    main = res["by_N"][str(N_main)]
+    pm = lambda r, i: f"{r['mean'][i]:.3f} ± {r['std'][i]:.3f}"  # noqa: E731
+    cols = [n for n in MAIN_TABLE_NS if n in ns] or ns
+    t = {"run": f"Default run wall time: {out['wall_seconds']:.0f} s at load {out['load_average'][0]:.1f} "
+                f"(start) and {out['load_average'][1]:.1f} (end), for `{out['command']}`."}
+    t["main"] = md_table(["target", "model"] + [f"n={n}" for n in cols],
+                         [[tg, m] + [pm(main[m][tg], ns.index(n)) for n in cols]
+                          for tg in targets for m in cfg["models"]])
+    t["by_N"] = md_table(["target"] + [f"N={N}" for N in cfg["Ns"]],
+                         [[tg] + [f"{res['by_N'][str(N)]['RFA'][tg]['mean'][-1]:.3f} / "
+                                  f"{res['by_N'][str(N)]['RFMLP'][tg]['mean'][-1]:.3f}" for N in cfg["Ns"]]
+                          for tg in targets])
+    t["by_M"] = md_table(["target"] + [f"M={M}" for M in cfg["Ms"]],
+                         [[tg] + [f"{res['by_M'][str(M)]['RFA'][tg]['mean'][0]:.3f}" for M in cfg["Ms"]]
+                          for tg in targets])
+    c1 = claims["claim1_rfa_fewer_samples_than_rfmlp_gap_grows_with_N"]
+    t["claim1"] = md_table([""] + [f"N={N}" for N in cfg["Ns"]],
+                           [["share of (target, n) cells where RFA's error is lower"]
+                            + [f"{c1['rfa_win_fraction_by_N'][str(N)]:.0%}" for N in cfg["Ns"]],
+                            ["gap: mean over targets and n of err_RFMLP − err_RFA"]
+                            + [f"{c1['gap_by_N'][str(N)]:.3f}" for N in cfg["Ns"]]])
+    dots = [tg for tg in DOT_TARGETS if tg in targets]
+    reach = c1["n_to_reach_eps_by_N"][str(N_main)]
+    t["claim1_samples"] = md_table(["model"] + dots, [[m] + [_samples(reach[m][tg]) for tg in dots]
+                                                       for m in ("RFA", "RFMLP")])
+    c2 = claims["claim2_brfa_beats_rfa_on_dot_targets"]
+    t["claim2"] = md_table(targets, [[_signed(c2["brfa_advantage"][tg]) for tg in targets]])
+    t["claim2_samples"] = md_table(["model"] + dots, [[m] + [_samples(c2["n_to_reach_eps"][m][tg]) for tg in dots]
+                                                       for m in ("RFA", "BRFA")])
+    c3 = claims["claim3_higher_degree_needs_more_samples"]["mean_error_over_n"]
+    fam = list(c3["RFA"])
+    t["claim3"] = md_table(["model"] + fam, [[m] + [f"{c3[m][tg]:.3f}" for tg in fam] for m in ("RFA", "BRFA")])
+    nc = res["no_const_coord"]
+    t["no_const"] = md_table(["model"] + targets, [[m] + [f"{nc[m][tg]['mean'][0]:.3f}" for tg in targets]
+                                                   for m in nc])
+    return t
 
 
 def main(argv=None):
@@ -451,7 +506,11 @@ def main(argv=None):
     p.add_argument("--N-main", dest="N_main", type=int, default=None, help="number of keys for the main plot")
     p.add_argument("--eps", type=float, default=0.5, help="error level for 'samples needed'")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tables", metavar="DIR", help="print docs/random_features.md's tables from DIR/results.json")
     args = p.parse_args(argv)
+    if args.tables:
+        print_tables(tables(load_results(args.tables)))
+        return None
     with torch_threads(args.threads):
 
         cfg = config_from_args(args)

@@ -39,7 +39,8 @@ import os
 import torch
 
 from experiments.colliding_agents import LinearSA, train
-from experiments.common import RunRecord, Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import (RunRecord, Timer, load_results, md_table, mean_std, print_tables, run_row,
+                                save_results, savefig, sci, seed_all, plt, torch_threads)
 
 # -----------------------------------------------------------------------------
 # (a) non-versatile data
@@ -287,6 +288,50 @@ def figure(gp, args):
     return fig
 
 
+# -----------------------------------------------------------------------------
+# the tables of docs/interactions.md, section 2, generated from a results.json
+
+
+def tables(results):
+    """{name: markdown} of section 2: the run row; (a) the versatility table with Var(y) and the
+    multiset; (b) test MSE over all tokens, and over the always-active alleles' tokens."""
+    v = results["versatility"]
+    rows = []
+    for key in ("same_multiset", "random_multisets"):
+        r = v[key]
+        t, alg = r["trained"], r["algebraic"]
+        rows.append([key.replace("_", " "), f"{r['design_rank']} / {r['n_params_M']}",
+                     ", ".join(map(sci, t["train_mse"])), ", ".join(map(sci, t["test_mse"])),
+                     sci(t["heldout_disagreement_msd"]),
+                     f"{sci(alg['min_norm']['train_mse'])} / {sci(alg['min_norm']['test_mse'])}",
+                     f"{sci(alg['min_norm_plus_null']['train_mse'])} / {sci(alg['min_norm_plus_null']['test_mse'])}"])
+    versatility = md_table(["training data", "rank of design / N^2", "train MSE (init 1, init 2)",
+                            "test MSE (init 1, init 2)", "held-out disagreement (MSD)", "min-norm M: train / test",
+                            "min-norm + null: train / test"], rows)
+    versatility += f"\n\nVar(y) on held-out data: {v['target_var_test']:.2f}; the multiset: {v['multiset']}."
+
+    gp = results["genotype_phenotype"]
+    first = next(iter(gp.values()))["regimes"]
+    lengths = list(next(iter(first["fixed"].values()))["test"])
+    span = lambda r: f"{min(r['train_lengths'])}-{max(r['train_lengths'])}"  # noqa: E731
+    all_rows, always_rows = [], []
+    for key, res in gp.items():
+        n_always = int(key.rsplit("_", 1)[1])
+        for regime, models in res["regimes"].items():
+            for name, r in models.items():
+                all_rows.append([n_always, f"{regime} {span(r)}", name, sci(r["train"]["all"])]
+                                + [sci(r["test"][L]["all"]) for L in lengths])
+                if n_always:
+                    always_rows.append([f"{regime} {span(r)}", name]
+                                       + [f"{sci(r['test'][L]['always_active'])} ± {sci(r['test'][L]['always_active_std'])}"
+                                          for L in lengths])
+    Ls = [f"L={L}" for L in lengths]
+    return {"run": run_row(results, "theory limits"),
+            "versatility": versatility,
+            "genotype_all_tokens": md_table(["always-active alleles", "train lengths", "model", "train MSE"] + Ls, all_rows),
+            "genotype_always_active": md_table(["train lengths", "model"] + Ls, always_rows)}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--N_a", type=int, default=12, help="(a) vocabulary size")
@@ -312,7 +357,11 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--replot", action="store_true", help="redraw the figure from OUT/results.json")
     p.add_argument("--out", default="results/theory_limits")
+    p.add_argument("--tables", metavar="DIR", help="print docs/interactions.md's tables from DIR/results.json")
     args = p.parse_args(argv)
+    if args.tables:
+        print_tables(tables(load_results(args.tables)))
+        return None
     if args.replot:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
