@@ -287,7 +287,8 @@ def tables(results):
             + [sci(r["equivalence_msd"]), f"{r['train_seconds']:.0f}"] for r in runs]
     name, init, train, test, msd, time = REPORTED
     rows.append([name, init, train] + [test] * len(lengths) + [msd, time])
-    return {"run": run_row(results, "colliding agents"),
+    label = "colliding agents" + (f", {results['config']['optim']}" if results["config"]["optim"] != "lbfgs" else "")
+    return {"run": run_row(results, label),
             "runs": md_table(header, rows) + f"\n\nVar(y) on the training set: {results['target_var']:.2f}. "
                                               f"Optimiser: {results['optimiser']}."}
 
