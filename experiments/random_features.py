@@ -244,9 +244,9 @@ def config_from_args(args):
         cfg = dict(d=4, Ns=[4, 16], N_main=16, M=64, Ms=[16, 64], n_M=1024,
                    ns=[256, 1024, 2048], n_test=500)
     else:
-        # d=4: with d=8 and M*D ~ 600 features every model stayed near error 1 for n <= 2048
-        # M=128 (640 features) keeps the default run near 10 min on a busy 2-core CPU;
-        # M=256 halves the error floors (see the M sweep) but costs ~4x
+        # d=4: at d=8 and M=64 (576 features) the errors stay high for n <= 2048 (the probe in
+        # docs/random_features.md, results/random_features_d8); M=128 (640 features) keeps the default
+        # run within minutes on a busy 2-core CPU; M=256 lowers the floors of dot2/dot4 (the M sweep)
         cfg = dict(d=4, Ns=[4, 16, 64], N_main=16, M=128, Ms=[16, 32, 64, 128, 256], n_M=1024,
                    ns=[64, 128, 256, 512, 1024, 2048, 4096], n_test=1000)
     cfg.update(seeds=args.seeds, targets=list(TARGETS), models=list(MODELS),
@@ -368,6 +368,7 @@ def plot_all(cfg, res, out, metadata=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
 
     ns, targets = cfg["ns"], cfg["targets"]
     colors = {"RFA": "tab:blue", "BRFA": "tab:green", "RFMLP": "tab:red"}
@@ -428,6 +429,8 @@ def plot_all(cfg, res, out, metadata=None):
             r = {k: [res["by_M"][str(M)][m][t][k][0] for M in Ms] for k in ("mean", "std")}
             band(ax, Ms, r, m, colors[m])
         ax.set(xscale="log", yscale="log", title=TARGET_LABELS[t], xlabel="M (heads)", ylabel="test error / Var")
+        ax.set_xticks(Ms, [str(M) for M in Ms], minor=False)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the swept M are labelled
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(f"Effect of the number of heads M at n={cfg['n_M']}, N={cfg['N_main']}")
@@ -461,7 +464,7 @@ def tables(out):
     main = res["by_N"][str(N_main)]
     pm = lambda r, i: f"{r['mean'][i]:.3f} ± {r['std'][i]:.3f}"  # noqa: E731
     cols = [n for n in MAIN_TABLE_NS if n in ns] or ns
-    t = {"run": f"Default run wall time: {out['wall_seconds']:.0f} s at load {out['load_average'][0]:.1f} "
+    t = {"run": f"Wall time: {out['wall_seconds']:.0f} s at load {out['load_average'][0]:.1f} "
                 f"(start) and {out['load_average'][1]:.1f} (end), for `{out['command']}`."}
     t["main"] = md_table(["target", "model"] + [f"n={n}" for n in cols],
                          [[tg, m] + [pm(main[m][tg], ns.index(n)) for n in cols]
@@ -507,10 +510,14 @@ def main(argv=None):
     p.add_argument("--eps", type=float, default=0.5, help="error level for 'samples needed'")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tables", metavar="DIR", help="print docs/random_features.md's tables from DIR/results.json")
+    p.add_argument("--replot", action="store_true", help="redraw the figures from OUT/results.json")
     args = p.parse_args(argv)
     if args.tables:
         print_tables(tables(load_results(args.tables)))
         return None
+    if args.replot:  # the same numbers: the figures keep the run's command and id
+        out = load_results(args.out)
+        return plot_all(out["config"], out["results"], args.out, RunRecord.of(out).png_metadata())
     with torch_threads(args.threads):
 
         cfg = config_from_args(args)
