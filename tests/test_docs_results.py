@@ -4,9 +4,10 @@ Each experiment's default run (and the two extra runs the docs quote: Adam on th
 agents, the d = 8 random-feature probe) is committed as results/<name>/results.json. Here:
 - each file comes from the command its doc shows (results.json records its command line);
 - every table the experiment's `tables()` generates from the file appears in the doc verbatim;
-- every decimal number in the docs' prose is a number of those files (in one of the formats
-  the docs use), a paper's reported number, or a setting listed below with its reason; and the
-  sentences that quote a result quote the number the file holds (PROSE);
+- the sentences that quote a result quote the number the file holds (PROSE: each sentence is
+  rebuilt from the files and must appear in the doc); and, as a coarser net for numbers added
+  later, every decimal number in the docs' prose is a number of those files (in one of the
+  formats the docs use) or a number listed below with its reason;
 - every figure the docs show was drawn by the run whose numbers are committed (savefig writes
   the command and run id into the PNG).
 """
@@ -14,6 +15,7 @@ agents, the d = 8 random-feature probe) is committed as results/<name>/results.j
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,8 +42,22 @@ def load(folder):
     return json.loads((ROOT / 'results' / folder / 'results.json').read_text())
 
 
+# the sections these checks cover (the heading's start; '' is the text before the first '## ');
+# other sections of a doc report other files and are checked by their own tests
+SECTIONS = {INTERACTIONS: ('', '## 1.', '## 2.', '## 3.', '## Left out'), RF: None}
+
+
 def doc(name):
     return (ROOT / name).read_text()
+
+
+def checked(name):
+    """The doc's text in the sections listed in SECTIONS (None: all of it)."""
+    text = doc(name)
+    if SECTIONS[name] is None:
+        return text
+    parts = re.split(r'(?m)^(?=## )', text)
+    return ''.join(p for p in parts if any(p.startswith(h) if h else not p.startswith('## ') for h in SECTIONS[name]))
 
 
 @pytest.mark.parametrize('name, folder', [(d, f) for d, f, *_ in RUNS], ids=[f for _, f, *_ in RUNS])
@@ -80,7 +96,7 @@ NUMBER = re.compile(r'(?<![\w.])[-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+−]?\d+)?%?')
 # references, not results: sections, definitions, arXiv ids, venues
 REFERENCE = re.compile(r'arXiv \d+\.\d+|(?:Section|Sec\.|§|Cor\.|Def|Eq\.|App\.|Fig\.|Table|Thm\.?) ?[A-Z]?\d+(?:\.\d+)*'
                        r'|(?:ICML|NeurIPS) \d+')
-# decimals of the prose that are neither results nor settings of a results.json, with why
+# decimals of the prose that are neither results nor settings in a results.json, and why
 NOT_RESULTS = {
     INTERACTIONS: {
         '1e-7': "[IA]'s reported test MSE", '1e-5': "[IA]'s reported Ct*Wt difference (captions)",
@@ -139,8 +155,16 @@ def prose_numbers(text):
 def test_every_decimal_in_the_prose_is_a_committed_number(name):
     allowed = formatted(v for d, folder, *_ in RUNS if d == name for v in leaves(load(folder)))
     allowed |= {canonical(k) for k in NOT_RESULTS[name]}
-    bad = [(tok, line[:90]) for line, tok in prose_numbers(doc(name)) if canonical(tok) not in allowed]
+    bad = [(tok, line[:90]) for line, tok in prose_numbers(checked(name)) if canonical(tok) not in allowed]
     assert not bad, f"{name}: numbers in the prose that no committed results file holds: {bad}"
+
+
+def test_only_the_listed_sections_are_checked(monkeypatch):
+    text = doc(INTERACTIONS)
+    extra = '\n## 4. Another study\n\nIts error 0.123456.\n\n![x](../assets/x.png)\n'
+    monkeypatch.setattr(sys.modules[__name__], 'doc', lambda name: text + extra)
+    kept = checked(INTERACTIONS)
+    assert kept.rstrip() == text.rstrip() and '## 1. Colliding agents' in kept and '## Left out' in kept
 
 
 def test_the_number_check_can_fail():
@@ -216,7 +240,8 @@ def rf_sentences(R):
     adv = r['claims']['claim2_brfa_beats_rfa_on_dot_targets']['brfa_advantage']
     reach = r['claims']['claim2_brfa_beats_rfa_on_dot_targets']['n_to_reach_eps']['RFA']
     sec, nc = r['results']['seconds'], r['results']['no_const_coord']
-    d8 = {m: {t: v['mean'][-1] for t, v in ts.items()} for m, ts in R['random_features_d8']['results']['by_N']['16'].items()}
+    d8 = {model: {t: v['mean'][-1] for t, v in ts.items()}  # the d = 8 probe at n = 4096
+          for model, ts in R['random_features_d8']['results']['by_N']['16'].items()}
     return [
         f"dot2 goes {m(128, 'dot2'):.3f} → {m(256, 'dot2'):.3f} and dot4 {m(128, 'dot4'):.3f} → {m(256, 'dot4'):.3f}, "
         f"cos less ({m(128, 'cos'):.3f} → {m(256, 'cos'):.3f}), dot3 hardly ({m(128, 'dot3'):.3f} → {m(256, 'dot3'):.3f})",
@@ -271,7 +296,7 @@ def test_sentences_quote_the_committed_numbers(name):
 
 
 def shown_figures(name):
-    return re.findall(r'!\[[^\]]*\]\(\.\./(assets/[^)]+\.png)\)', doc(name))
+    return re.findall(r'!\[[^\]]*\]\(\.\./(assets/[^)]+\.png)\)', checked(name))
 
 
 @pytest.mark.parametrize('name', [INTERACTIONS, RF])
