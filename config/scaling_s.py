@@ -18,6 +18,8 @@
 # Learning rate: GPT-3's (Brown et al. 2020, Table 2.1) at the nearest size, the same for every variant
 # (not tuned per variant). Every evaluation reads the selection half of the held-out documents, and
 # each run ends with report_loss, the loss on every window of the report half (report_split).
+# The GPU-hours below assume 30% MFU for every variant, as every config here does; HA's MFU on a GPU is
+# not measured yet (docs/performance.md), so its runs may take longer than stated.
 # Size S: 8 layers x 512 wide, 8 heads of 64, context 1024, 50.9M parameters (SA), 1.02B tokens.
 # Budget: 1.02B tokens (4,145 iterations x 245,760), 0.33 GFLOPs/token, 3.42e+17 FLOPs, 0.3 GPU-hours on H100 at 30% MFU = 0.0 h on 8 x H100
 # Grid budget: 12 runs (4 variants x 3 seeds), 12.2B tokens, 5.64e+18 FLOPs, 5 GPU-hours on H100 at 30% MFU = 1.0 h on 8 GPUs
