@@ -32,7 +32,8 @@ import sys
 import torch
 import torch.nn as nn
 
-from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import (RunRecord, Timer, load_results, md_table, mean_std, print_tables, run_row,
+                                save_results, savefig, sci, seed_all, plt, torch_threads)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPTConfig, make_attention  # noqa: E402  (the project's attention classes)
@@ -154,6 +155,23 @@ def figure(results):
     return fig
 
 
+# -----------------------------------------------------------------------------
+# the table of docs/interactions.md, section 3, generated from a results.json
+
+LABELS = {"linear": "SA (linear)", "hfa_v1": "HFA (hfa_v1, linear)", "ha": "HA (order 3, linear)"}
+
+
+def tables(results):
+    """{name: markdown} of section 3: the run row, and each task x attention's relative MSE (mean ± std)."""
+    pm = lambda r: f"{sci(r['mean'])} ± {sci(r['std'])}"  # noqa: E731
+    rows = [[task.replace("_", " "), LABELS[kind], r["head_dim"], r["attn_params"], pm(r["train_rel_mse"]),
+             pm(r["test_rel_mse"]), f"{r['seconds']:.1f}"]
+            for task in ("coupled_features", "three_way") for kind, r in results[task].items()]
+    header = ["task", "attention", "d_h", "attention params", "train MSE / Var(y)", "test MSE / Var(y)",
+              f"time, {results['config']['seeds']} seeds (s)"]
+    return {"run": run_row(results, "beyond pairwise"), "tasks": md_table(header, rows)}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--Na", type=int, default=4)
@@ -172,13 +190,18 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default="results/beyond_pairwise")
+    p.add_argument("--tables", metavar="DIR", help="print docs/interactions.md's table from DIR/results.json")
     args = p.parse_args(argv)
+    if args.tables:
+        print_tables(tables(load_results(args.tables)))
+        return None
     if args.quick:
         # seconds, yet long enough for each task's winner to show (tests/test_interactions.py)
         args.B, args.B_test, args.steps, args.seeds, args.lr = 600, 200, 200, 2, 1e-2
 
     with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
-        results = {"config": vars(args).copy(),
+        run = RunRecord("experiments.beyond_pairwise", argv)
+        results = {**run.header(), "config": vars(args).copy(),
                    "optimiser": f"Adam lr {args.lr}, cosine decay, {args.steps} steps, batch {args.batch}",
                    "attention": "model.make_attention, n_head=1, causal=False, softmax=False, bias=False"}
         coupled = lambda B, t, g: coupled_task(B, args.L, args.Na, args.Nb, t, g)  # noqa: E731
@@ -193,7 +216,8 @@ def main(argv=None):
                                        [args.N])
         args.L = L_saved
         savefig(figure({k: results[k] for k in ("coupled_features", "three_way")}), args.out,
-                "ia_beyond_pairwise.png")
+                "ia_beyond_pairwise.png", run=run)
+        results.update(run.stamp())
         save_results(args.out, results)
         return results
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from experiments.common import torch_threads
+from experiments.common import RunRecord, load_results, md_table, print_tables, torch_threads
 
 DTYPE = torch.float64  # every tensor here is float64, passed explicitly (torch's default dtype is left alone)
 
@@ -207,14 +207,16 @@ def model_features(model, x0, X, M, d, gen, const=True):
     raise ValueError(model)
 
 
-def run_cell(seed, N, M, d, ns, n_test, targets, models, rel_grid, const=True):
+def run_cell(seed, N, M, d, ns, n_test, targets, models, rel_grid, const=True, n_pool=None):
     """
     Errors[model][target] = list over ns. Training sets are nested prefixes of one
-    sample so the n-curves of a seed are smooth; the test set is shared by all models.
+    sample (of n_pool + n_test points, n_pool = max(ns) by default) so the n-curves of a seed
+    are smooth; the test set is shared by all models. Cells of one seed and N that draw the
+    same pool see the same data, so the M sweep's point at the main M is the main sweep's cell.
     """
     gen = torch.Generator().manual_seed(seed)
     beta = sample_sphere((), d, gen)
-    x0, X = sample_inputs(max(ns) + n_test, N, d, gen)
+    x0, X = sample_inputs(max(max(ns), n_pool or 0) + n_test, N, d, gen)
     Y = torch.stack([target_values(t, x0, X, beta) for t in targets], dim=1)
     out = {}
     for model in models:
@@ -239,12 +241,12 @@ def config_from_args(args):
     if args.quick:
         # a few seconds, yet large enough for claim 1, BRFA's cos advantage, the beta ordering,
         # dot3 < dot2, and the parity check to show clearly (tests/test_random_features.py)
-        cfg = dict(d=4, Ns=[4, 16], N_main=16, M=64, Ms=[16, 64], n_M=512,
+        cfg = dict(d=4, Ns=[4, 16], N_main=16, M=64, Ms=[16, 64], n_M=1024,
                    ns=[256, 1024, 2048], n_test=500)
     else:
-        # d=4: with d=8 and M*D ~ 600 features every model stayed near error 1 for n <= 2048
-        # M=128 (640 features) keeps the default run near 10 min on a busy 2-core CPU;
-        # M=256 halves the error floors (see the M sweep) but costs ~4x
+        # d=4: at d=8 and M=64 (576 features) RFA's errors on dot2, dot4 and cos stay near 1 up to
+        # n=4096 (the probe in docs/random_features.md, results/random_features_d8); M=128 (640 features) keeps the default
+        # run within minutes on a busy 2-core CPU; M=256 lowers the floors of dot2/dot4 (the M sweep)
         cfg = dict(d=4, Ns=[4, 16, 64], N_main=16, M=128, Ms=[16, 32, 64, 128, 256], n_M=1024,
                    ns=[64, 128, 256, 512, 1024, 2048, 4096], n_test=1000)
     cfg.update(seeds=args.seeds, targets=list(TARGETS), models=list(MODELS),
@@ -267,16 +269,20 @@ def run_sweep(cfg):
     jobs = [("N", N, c["M"], s) for N in c["Ns"] for s in range(c["seeds"])]
     jobs += [("M", c["N_main"], M, s) for M in c["Ms"] for s in range(c["seeds"])]
     jobs += [("noconst", c["N_main"], c["M"], s) for s in range(c["seeds"])]
-    raw = {}
+    raw, seconds = {}, {}
     for kind, N, M, s in tqdm(jobs, desc="rf sweep"):
+        t0 = time.perf_counter()
         if kind == "N":
             r = run_cell(s, N, M, c["d"], c["ns"], c["n_test"], c["targets"], c["models"], c["rel_grid"])
-        elif kind == "M":
-            r = run_cell(s, N, M, c["d"], [c["n_M"]], c["n_test"], c["targets"], ["RFA", "BRFA"], c["rel_grid"])
+        elif kind == "M":  # the main sweep's data (same pool), fit at n = n_M only
+            r = run_cell(s, N, M, c["d"], [c["n_M"]], c["n_test"], c["targets"], ["RFA", "BRFA"], c["rel_grid"],
+                         n_pool=max(c["ns"]))
         else:  # the parity check: RFA/BRFA without the constant coordinate
             r = run_cell(s, N, M, c["d"], [max(c["ns"])], c["n_test"], c["targets"], ["RFA", "BRFA"],
                          c["rel_grid"], const=False)
         raw.setdefault((kind, N, M), []).append(r)
+        key = f"{kind} N={N} M={M}"
+        seconds[key] = round(seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
 
     def summarise(cells):  # list over seeds of {model: {target: [errs]}} -> mean/std
         models = cells[0].keys()
@@ -285,7 +291,8 @@ def run_sweep(cfg):
 
     res = {"by_N": {str(N): summarise(raw[("N", N, c["M"])]) for N in c["Ns"]},
            "by_M": {str(M): summarise(raw[("M", c["N_main"], M)]) for M in c["Ms"]},
-           "no_const_coord": summarise(raw[("noconst", c["N_main"], c["M"])])}
+           "no_const_coord": summarise(raw[("noconst", c["N_main"], c["M"])]),
+           "seconds": seconds}  # wall time of each sweep cell, summed over seeds
     return res
 
 
@@ -357,10 +364,11 @@ def check_claims(cfg, res):
 # plots
 
 
-def plot_all(cfg, res, out):
+def plot_all(cfg, res, out, metadata=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
 
     ns, targets = cfg["ns"], cfg["targets"]
     colors = {"RFA": "tab:blue", "BRFA": "tab:green", "RFMLP": "tab:red"}
@@ -393,7 +401,7 @@ def plot_all(cfg, res, out):
                  f"N={cfg['N_main']}, M={cfg['M']}, mean ± std over {cfg['seeds']} seeds")
     fig.tight_layout()
     paths.append(os.path.join(out, "rf_error_vs_n.png"))
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, metadata=metadata)
     plt.close(fig)
 
     # 2. the N dependence: RFA (solid) vs RFMLP (dashed), one shade per N
@@ -410,7 +418,7 @@ def plot_all(cfg, res, out):
     fig.suptitle(f"Effect of the number of keys N: RFA (solid) vs RFMLP (dashed), M={cfg['M']}")
     fig.tight_layout()
     paths.append(os.path.join(out, "rf_error_vs_n_by_N.png"))
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, metadata=metadata)
     plt.close(fig)
 
     # 3. the M (heads) dependence at fixed n
@@ -421,17 +429,74 @@ def plot_all(cfg, res, out):
             r = {k: [res["by_M"][str(M)][m][t][k][0] for M in Ms] for k in ("mean", "std")}
             band(ax, Ms, r, m, colors[m])
         ax.set(xscale="log", yscale="log", title=TARGET_LABELS[t], xlabel="M (heads)", ylabel="test error / Var")
+        ax.set_xticks(Ms, [str(M) for M in Ms], minor=False)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the swept M are labelled
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(f"Effect of the number of heads M at n={cfg['n_M']}, N={cfg['N_main']}")
     fig.tight_layout()
     paths.append(os.path.join(out, "rf_error_vs_M.png"))
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=80, metadata=metadata)
     plt.close(fig)
     return paths
 
 
 # -----------------------------------------------------------------------------
+# the tables of docs/random_features.md, generated from a results.json
+
+MAIN_TABLE_NS = (128, 512, 1024, 4096)  # the main table's columns (the figures show every n)
+
+
+def _signed(x):
+    return f"{'+' if x >= 0 else '−'}{abs(x):.3f}"
+
+
+def _samples(n):
+    return "never" if n is None or n == float("inf") else f"{n:.0f}"
+
+
+def tables(out):
+    """{name: markdown} of docs/random_features.md from a results.json (`out`): the run line, the
+    main table (error vs n at N_main), the N and M sweeps, the three claims' numbers, the check
+    without the constant coordinate."""
+    cfg, res, claims = out["config"], out["results"], out["claims"]
+    ns, targets, N_main, n_max = cfg["ns"], cfg["targets"], cfg["N_main"], max(cfg["ns"])
+    main = res["by_N"][str(N_main)]
+    pm = lambda r, i: f"{r['mean'][i]:.3f} ± {r['std'][i]:.3f}"  # noqa: E731
+    cols = [n for n in MAIN_TABLE_NS if n in ns] or ns
+    t = {"run": f"Wall time: {out['wall_seconds']:.0f} s at load {out['load_average'][0]:.1f} "
+                f"(start) and {out['load_average'][1]:.1f} (end), for `{out['command']}`."}
+    t["main"] = md_table(["target", "model"] + [f"n={n}" for n in cols],
+                         [[tg, m] + [pm(main[m][tg], ns.index(n)) for n in cols]
+                          for tg in targets for m in cfg["models"]])
+    t["by_N"] = md_table(["target"] + [f"N={N}" for N in cfg["Ns"]],
+                         [[tg] + [f"{res['by_N'][str(N)]['RFA'][tg]['mean'][-1]:.3f} / "
+                                  f"{res['by_N'][str(N)]['RFMLP'][tg]['mean'][-1]:.3f}" for N in cfg["Ns"]]
+                          for tg in targets])
+    t["by_M"] = md_table(["target"] + [f"M={M}" for M in cfg["Ms"]],
+                         [[tg] + [f"{res['by_M'][str(M)]['RFA'][tg]['mean'][0]:.3f}" for M in cfg["Ms"]]
+                          for tg in targets])
+    c1 = claims["claim1_rfa_fewer_samples_than_rfmlp_gap_grows_with_N"]
+    t["claim1"] = md_table([""] + [f"N={N}" for N in cfg["Ns"]],
+                           [["share of (target, n) cells where RFA's error is lower"]
+                            + [f"{c1['rfa_win_fraction_by_N'][str(N)]:.0%}" for N in cfg["Ns"]],
+                            ["gap: mean over targets and n of err_RFMLP − err_RFA"]
+                            + [f"{c1['gap_by_N'][str(N)]:.3f}" for N in cfg["Ns"]]])
+    dots = [tg for tg in DOT_TARGETS if tg in targets]
+    reach = c1["n_to_reach_eps_by_N"][str(N_main)]
+    t["claim1_samples"] = md_table(["model"] + dots, [[m] + [_samples(reach[m][tg]) for tg in dots]
+                                                       for m in ("RFA", "RFMLP")])
+    c2 = claims["claim2_brfa_beats_rfa_on_dot_targets"]
+    t["claim2"] = md_table(targets, [[_signed(c2["brfa_advantage"][tg]) for tg in targets]])
+    t["claim2_samples"] = md_table(["model"] + dots, [[m] + [_samples(c2["n_to_reach_eps"][m][tg]) for tg in dots]
+                                                       for m in ("RFA", "BRFA")])
+    c3 = claims["claim3_higher_degree_needs_more_samples"]["mean_error_over_n"]
+    fam = list(c3["RFA"])
+    t["claim3"] = md_table(["model"] + fam, [[m] + [f"{c3[m][tg]:.3f}" for tg in fam] for m in ("RFA", "BRFA")])
+    nc = res["no_const_coord"]
+    t["no_const"] = md_table(["model"] + targets, [[m] + [f"{nc[m][tg]['mean'][0]:.3f}" for tg in targets]
+                                                   for m in nc])
+    return t
 
 
 def main(argv=None):
@@ -444,22 +509,31 @@ def main(argv=None):
     p.add_argument("--N-main", dest="N_main", type=int, default=None, help="number of keys for the main plot")
     p.add_argument("--eps", type=float, default=0.5, help="error level for 'samples needed'")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tables", metavar="DIR", help="print docs/random_features.md's tables from DIR/results.json")
+    p.add_argument("--replot", action="store_true", help="redraw the figures from OUT/results.json")
     args = p.parse_args(argv)
+    if args.tables:
+        print_tables(tables(load_results(args.tables)))
+        return None
+    if args.replot:  # the same numbers: the figures keep the run's command and id
+        out = load_results(args.out)
+        return plot_all(out["config"], out["results"], args.out, RunRecord.of(out).png_metadata())
     with torch_threads(args.threads):
 
         cfg = config_from_args(args)
+        run = RunRecord("experiments.random_features", argv)
         t0 = time.time()
         res = run_sweep(cfg)
         claims = check_claims(cfg, res)
         wall = time.time() - t0
-        out = {"note": "Our reconstruction of [RF] (arXiv 2307.11353); not the paper's code.",
-               "config": cfg, "results": res, "claims": claims, "wall_time_s": wall}
+        out = {"note": "Our reconstruction of [RF] (arXiv 2307.11353); not the paper's code.", **run.header(),
+               "config": cfg, "results": res, "claims": claims, "wall_time_s": wall, **run.stamp()}
         for name, c in claims.items():
             print(f"{name}: holds={c['holds']}")
         print(f"wall time {wall:.1f}s")
         if args.out:
             os.makedirs(args.out, exist_ok=True)
-            paths = plot_all(cfg, res, args.out)
+            paths = plot_all(cfg, res, args.out, run.png_metadata())
             # inf (never reached eps) is not valid JSON; write it as null
             text = json.dumps(out, indent=1, default=str).replace("Infinity", "null")
             with open(os.path.join(args.out, "results.json"), "w") as f:

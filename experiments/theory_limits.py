@@ -39,7 +39,8 @@ import os
 import torch
 
 from experiments.colliding_agents import LinearSA, train
-from experiments.common import Timer, mean_std, save_results, savefig, seed_all, plt, torch_threads
+from experiments.common import (RunRecord, Timer, load_results, md_table, mean_std, print_tables, run_row,
+                                save_results, savefig, sci, seed_all, plt, torch_threads)
 
 # -----------------------------------------------------------------------------
 # (a) non-versatile data
@@ -287,6 +288,50 @@ def figure(gp, args):
     return fig
 
 
+# -----------------------------------------------------------------------------
+# the tables of docs/interactions.md, section 2, generated from a results.json
+
+
+def tables(results):
+    """{name: markdown} of section 2: the run row; (a) the versatility table with Var(y) and the
+    multiset; (b) test MSE over all tokens, and over the always-active alleles' tokens."""
+    v = results["versatility"]
+    rows = []
+    for key in ("same_multiset", "random_multisets"):
+        r = v[key]
+        t, alg = r["trained"], r["algebraic"]
+        rows.append([key.replace("_", " "), f"{r['design_rank']} / {r['n_params_M']}",
+                     ", ".join(map(sci, t["train_mse"])), ", ".join(map(sci, t["test_mse"])),
+                     sci(t["heldout_disagreement_msd"]),
+                     f"{sci(alg['min_norm']['train_mse'])} / {sci(alg['min_norm']['test_mse'])}",
+                     f"{sci(alg['min_norm_plus_null']['train_mse'])} / {sci(alg['min_norm_plus_null']['test_mse'])}"])
+    versatility = md_table(["training data", "rank of design / N^2", "train MSE (init 1, init 2)",
+                            "test MSE (init 1, init 2)", "held-out disagreement (MSD)", "min-norm M: train / test",
+                            "min-norm + null: train / test"], rows)
+    versatility += f"\n\nVar(y) on held-out data: {v['target_var_test']:.2f}; the multiset: {v['multiset']}."
+
+    gp = results["genotype_phenotype"]
+    first = next(iter(gp.values()))["regimes"]
+    lengths = list(next(iter(first["fixed"].values()))["test"])
+    span = lambda r: f"{min(r['train_lengths'])}-{max(r['train_lengths'])}"  # noqa: E731
+    all_rows, always_rows = [], []
+    for key, res in gp.items():
+        n_always = int(key.rsplit("_", 1)[1])
+        for regime, models in res["regimes"].items():
+            for name, r in models.items():
+                all_rows.append([n_always, f"{regime} {span(r)}", name, sci(r["train"]["all"])]
+                                + [sci(r["test"][L]["all"]) for L in lengths])
+                if n_always:
+                    always_rows.append([f"{regime} {span(r)}", name]
+                                       + [f"{sci(r['test'][L]['always_active'])} ± {sci(r['test'][L]['always_active_std'])}"
+                                          for L in lengths])
+    Ls = [f"L={L}" for L in lengths]
+    return {"run": run_row(results, "theory limits"),
+            "versatility": versatility,
+            "genotype_all_tokens": md_table(["always-active alleles", "train lengths", "model", "train MSE"] + Ls, all_rows),
+            "genotype_always_active": md_table(["train lengths", "model"] + Ls, always_rows)}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--N_a", type=int, default=12, help="(a) vocabulary size")
@@ -312,12 +357,17 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--replot", action="store_true", help="redraw the figure from OUT/results.json")
     p.add_argument("--out", default="results/theory_limits")
+    p.add_argument("--tables", metavar="DIR", help="print docs/interactions.md's tables from DIR/results.json")
     args = p.parse_args(argv)
+    if args.tables:
+        print_tables(tables(load_results(args.tables)))
+        return None
     if args.replot:
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
         args.L_b = results["config"]["L_b"]
-        savefig(figure(results["genotype_phenotype"], args), args.out, "ia_genotype_phenotype.png")
+        savefig(figure(results["genotype_phenotype"], args), args.out, "ia_genotype_phenotype.png",
+                run=RunRecord.of(results))  # the same numbers: the figure keeps the run's command and id
         return results
     if args.quick:
         args.N_a, args.L_a, args.B_a, args.steps_a = 6, 3, 60, 80
@@ -325,14 +375,16 @@ def main(argv=None):
         args.test_lengths_b, args.steps_b_lbfgs, args.steps_b_adam = "2,4,6", 30, 60
         args.L_b_range, args.seeds_b = "3,4", 1
     with torch_threads(1):  # tiny tensors on a shared CPU: threads only add overhead
+        run = RunRecord("experiments.theory_limits", argv)
         gen = seed_all(args.seed)
-        results = {"config": vars(args).copy(),
+        results = {**run.header(), "config": vars(args).copy(),
                    "optimiser": "linear SA: full-batch L-BFGS (strong Wolfe), C(0)=0, W_V(0)=1; "
                                 "ReLU model: full-batch Adam, cosine decay",
                    "versatility": versatility(args, gen)}
         gp = genotype(args, gen)
         results["genotype_phenotype"] = gp
-        savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png")
+        savefig(figure(gp, args), args.out, "ia_genotype_phenotype.png", run=run)
+        results.update(run.stamp())
         save_results(args.out, results)
         return results
 
