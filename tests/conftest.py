@@ -12,6 +12,9 @@ pytest is invoked, and the session leaves no trace.
   a test that checks the offline probe itself takes these variables out for its subprocess).
 - Every test must leave torch's default dtype, its thread count and the environment as it
   found them (`_leaves_global_state_alone`); a test that changes one fails in its teardown.
+- `slow` marks the tests that start subprocesses (train.py, bench.py, the experiments, ...)
+  or run the Triton interpreter; `make test-fast` leaves them out (`-m "not slow"`), so it
+  runs the model and kernel specification, `make test` runs everything.
 """
 import os
 import shutil
@@ -52,6 +55,11 @@ for d in ('WANDB_DIR', 'MPLCONFIGDIR'):
 _ranks = os.path.join(ROOT, 'cache', 'tiktoken')
 if os.path.isdir(_ranks):
     shutil.copytree(_ranks, SESSION_ENV['TIKTOKEN_CACHE_DIR'], dirs_exist_ok=True)
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: starts subprocesses or runs the Triton interpreter '
+                                      '(left out by make test-fast)')
 
 
 def pytest_unconfigure(config):
