@@ -30,15 +30,7 @@ from model import (GPT, ATTENTIONS, Attention, GPTConfig, HAHeads, HFAHeads, KVC
                    LinearHeads, SoftmaxHeads)
 
 DT = torch.float64
-
-
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    """Tiny tensors: one thread is faster and does not fight the other jobs on the machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 # -----------------------------------------------------------------------------
@@ -614,6 +606,7 @@ TRAIN_VARIANTS = ['sa', 'linear', 'linear_norm', 'hfa_v1', 'hfa_v2_A2', 'hfa_v2_
                   'ha_nosoftmax', 'ha4', 'sa,ha']
 
 
+@pytest.mark.slow  # 30 AdamW steps per variant
 @pytest.mark.parametrize('name', TRAIN_VARIANTS)
 def test_variant_trains(name):
     torch.manual_seed(0)

@@ -29,12 +29,14 @@ def quick(tmp_path_factory):
     return r, json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_underscore_flags_are_taken(quick):
     _, records = quick
     assert {r['block_size'] for r in records if r['mode'] in ('attention', 'train_step')} == {16}
     assert {r['batch_size'] for r in records if r['mode'] == 'train_step'} == {2}
 
 
+@pytest.mark.slow
 def test_table_is_printed_once(quick):
     r, records = quick
     lines = r.stdout.splitlines()
@@ -43,6 +45,7 @@ def test_table_is_printed_once(quick):
     assert len(rows) == len(records)
 
 
+@pytest.mark.slow
 def test_quick_covers_every_variant_and_mode(quick):
     _, records = quick
     keys = {'variant', 'mode', 'block_size', 'batch_size', 'tokens_per_s', 'peak_mem_bytes',
@@ -53,6 +56,7 @@ def test_quick_covers_every_variant_and_mode(quick):
     assert not any(rec.get('error') for rec in records)
 
 
+@pytest.mark.slow
 def test_train_rows_rate_is_tokens_over_measured_time(quick):
     _, records = quick
     train = [rec for rec in records if rec['mode'] == 'train_step']
@@ -61,6 +65,7 @@ def test_train_rows_rate_is_tokens_over_measured_time(quick):
         assert rec['tokens_per_s'] * rec['seconds_per_step'] == pytest.approx(rec['batch_size'] * rec['block_size'])
 
 
+@pytest.mark.slow
 def test_flops_are_the_models_own(quick):
     _, records = quick
     ha = next(r for r in records if r['variant'] == 'ha_ref' and r['mode'] == 'train_step')
@@ -69,6 +74,7 @@ def test_flops_are_the_models_own(quick):
     assert ha['flops_per_token'] == GPT(cfg).flops_per_token(16)
 
 
+@pytest.mark.slow
 def test_sampling_rows_sample_the_same_tokens_with_and_without_cache(quick):
     _, records = quick
     sample = [rec for rec in records if rec['mode'].startswith('sample')]

@@ -22,6 +22,7 @@ from attention_kernels.hfa.naive import naive_hfa
 from model import GPT, GPTConfig, KVCache
 
 DT = torch.float64
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def inputs(Tq, Tk, seed, B=2, H=2, dh=5):
@@ -227,6 +228,24 @@ def test_hfa_auto_choice_follows_width():
     assert hfa.path(q(3, 6), kernel='torch') == 'kron'           # 216
     assert hfa.path(q(2, 16), softmax=False, kernel='torch') == 'explicit'
     assert hfa.path(q(2, 16), kernel='reference') == 'reference'
+
+
+@pytest.mark.parametrize('attention', ['sa', 'linear', 'hfa_v1', 'ha'])
+def test_attention_weight_dropout_only_while_training(attention):
+    """dropout drops attention weights while training (sa, linear, hfa: every path takes it),
+    never in eval; HA applies none (its kernels never form the weights)."""
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, attention=attention, dropout=0.5)
+    torch.manual_seed(0)
+    heads = GPT(cfg).transformer.h[0].attn.groups[0]  # the heads alone: no residual dropout
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))
+    heads.eval()
+    want = heads(x)
+    heads.train()
+    got = [heads(x), heads(x)]
+    if attention == 'ha':
+        assert all(torch.equal(y, want) for y in got)
+    else:
+        assert not torch.allclose(got[0], got[1]) and not torch.allclose(got[0], want)
 
 
 # -----------------------------------------------------------------------------

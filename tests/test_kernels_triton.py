@@ -26,7 +26,8 @@ from attention_kernels.linear.naive import naive_linear as ref_linear
 from attention_kernels.masks import visible
 
 TRITON_ERROR = attention_kernels.load_triton()
-pytestmark = pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}')
+pytestmark = [pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}'),
+              pytest.mark.slow()]  # the Triton interpreter on CPU: make test, not make test-fast
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 has_ha = 'ha' in attention_kernels._modules

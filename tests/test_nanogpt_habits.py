@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 
+pytestmark = pytest.mark.slow  # subprocesses: make test, not make test-fast
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 SNAPSHOT = '0123456789abcdef0123456789abcdef01234567'  # the cache's commit folder name

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from attention_kernels.ha.naive import naive_ha3 as reference
 
 pytest.importorskip('triton')
+pytestmark = pytest.mark.slow()  # the Triton interpreter in a child process: make test, not make test-fast
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA GPU')
