@@ -439,6 +439,8 @@ def collect_run(run_dir, max_iters):
         'val_loss': final['val_loss'], 'val_ppl': math.exp(final['val_loss']),
         'best_val_loss': best['val_loss'], 'best_val_ppl': math.exp(best['val_loss']),
         'train_loss': final['train_loss'], 'tokens': final['tokens'], 'wall_s': final['elapsed_s'],
+        # report_split runs: the loss on every window of the report half, read once at the end
+        'report_loss': final.get('report_loss'), 'report_ppl': final.get('report_ppl'),
         # from the per-step times in train_log.jsonl (pure training time, across resumes)
         'tokens_per_s': final['tokens'] / train_s if train_s else final.get('tokens_per_s'),
         'params': info.get('params', final.get('params')),
@@ -495,12 +497,16 @@ def summarize(args, variants, seeds, outcomes):
                'tokens_per_iter': done[0]['tokens_per_iter'] if done else None}
         for key in ('val_loss', 'val_ppl', 'best_val_loss', 'best_val_ppl', 'tokens_per_s', 'wall_s'):
             row[f'{key}_mean'], row[f'{key}_std'], row[f'{key}_ci95'] = mean_std_ci([r[key] for r in done])
+        if done and all(r.get('report_loss') is not None for r in done):
+            row['report_loss_mean'], row['report_loss_std'], row['report_loss_ci95'] = \
+                mean_std_ci([r['report_loss'] for r in done])
         row['delta_val_loss_vs_sa'] = row['val_loss_mean'] - float(np.mean(ref)) if ref and loss else float('nan')
         row['p_vs_sa'] = welch_p(loss, ref) if v['variant'] != REFERENCE else float('nan')
         row['failed'] = [{'seed': r['seed'], 'status': r['status'], 'iter': r.get('iter'),
                           'stderr_tail': r['stderr_tail']} for r in runs_by_variant[v['variant']] if r['failed']]
-        row['runs'] = [{k: r.get(k) for k in ('seed', 'val_loss', 'val_ppl', 'best_val_loss', 'tokens',
-                                                 'wall_s', 'tokens_per_s', 'status')} for r in done]
+        row['runs'] = [{k: r.get(k) for k in ('seed', 'val_loss', 'val_ppl', 'best_val_loss', 'tokens', 'wall_s',
+                                                 'tokens_per_s', 'status') + ('report_loss',) * ('report_loss_mean' in row)}
+                       for r in done]
         row['curves'] = {r['seed']: r['curve'] for r in done}
         rows.append(row)
     return rows

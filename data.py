@@ -183,6 +183,8 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1,
         n = int(np.sum(d['len'], dtype=np.uint64))
         written.append((write_bin(d, out / f'{split}.bin', n), out / f'{split}.bin'))
         meta[f'{split}_tokens'] = n
+        if split == 'val':  # document lengths, in file order: heldout_halves splits by document
+            meta['val_documents'] = [int(x) for x in d['len']]
     for tmp, final in written:  # only now that everything succeeded, replace the old files
         os.replace(tmp, final)
     write_atomic(out / 'meta.json', json.dumps(meta, indent=1).encode())
@@ -259,6 +261,45 @@ def open_split(folder, split, block_size):
         raise UserError(f"{path} has {len(data)} tokens, not enough for block_size={block_size}; "
                         f"lower block_size or prepare more data")
     return data
+
+
+def heldout_halves(folder, meta, block_size):
+    """The held-out documents of val.bin split in two, by document: the selection half, for
+    every choice a study makes (learning rates, when to stop, settle checks), and the report
+    half, for its final numbers only. Documents go, longest first, to the half with fewer
+    tokens so far (the selection half on a tie), so the halves are about equal; within a half
+    they keep their order in val.bin. Returns (selection, report) token arrays."""
+    path = Path(folder) / 'val.bin'
+    lengths = (meta or {}).get('val_documents')
+    if not lengths:
+        raise UserError(f"{Path(folder) / 'meta.json'} lists no held-out documents (val_documents), so the "
+                        f"held-out text cannot be split by document; re-run the prepare script for this dataset")
+    val = open_split(folder, 'val', block_size)
+    if sum(lengths) != len(val):
+        raise UserError(f"{path} holds {len(val):,} tokens but meta.json's val_documents add up to "
+                        f"{sum(lengths):,}; the files are from different preparations: re-run the prepare script")
+    if len(lengths) < 2:
+        raise UserError(f"{path} holds a single document, which cannot be split into a selection and a report "
+                        f"half; prepare with a larger val fraction")
+    members, sizes = ([], []), [0, 0]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        half = int(sizes[1] < sizes[0])
+        members[half].append(i)
+        sizes[half] += lengths[i]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    halves = [np.concatenate([val[starts[i]:starts[i + 1]] for i in sorted(m)]) for m in members]
+    for name, half in zip(('selection', 'report'), halves):
+        if len(half) <= block_size + 1:
+            raise UserError(f"the {name} half of {path} has {len(half)} tokens, not enough for "
+                            f"block_size={block_size}; lower block_size or prepare more held-out text")
+    return halves[0], halves[1]
+
+
+def tiling_offsets(n_tokens, block_size):
+    """Offsets of consecutive, non-overlapping windows over a whole split: each token is
+    predicted once (but the first, and a tail shorter than one window)."""
+    import torch
+    return torch.arange(0, n_tokens - block_size, block_size)
 
 
 def windows(data, offsets, block_size):

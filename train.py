@@ -57,6 +57,7 @@ wandb_project = 'owt'           # wandb project
 wandb_run_name = 'gpt2'         # wandb run name; a resumed run continues the same wandb run
 # data
 dataset = 'openwebtext'         # data/<dataset>/{train,val}.bin
+report_split = False            # True: evaluations read the selection half of the held-out documents; the end adds report_loss (every window of the report half)
 data_dir = ''                   # default: data/<dataset> beside this script
 gradient_accumulation_steps = 5 * 8  # micro-steps per iteration, in total over all processes
 batch_size = 12                 # per process and micro-step
@@ -224,6 +225,9 @@ data_path = Path(data_dir) if data_dir else Path(__file__).resolve().parent / 'd
 meta = data.read_meta(data_path) or {'tokenizer': 'gpt2', 'vocab_size': 50257}
 train_data = data.open_split(data_path, 'train', block_size)
 val_data = data.open_split(data_path, 'val', block_size)
+report_data = None
+if report_split:  # choices see only the selection half; the report half is read once, at the end
+    val_data, report_data = data.heldout_halves(data_path, meta, block_size)
 data_gen = torch.Generator().manual_seed(seed)
 
 
@@ -322,12 +326,12 @@ if master:
 
 
 @torch.no_grad()
-def estimate_loss():
-    """Mean loss over the fixed evaluation windows, shared out over the processes; summed on
-    the device and read once per split."""
+def estimate_loss(sets=None):
+    """Mean loss over the fixed evaluation windows (or `sets`), shared out over the processes;
+    summed on the device and read once per split."""
     model.eval()
     result = {}
-    for split, (split_data, offsets) in eval_sets.items():
+    for split, (split_data, offsets) in (sets or eval_sets).items():
         total = torch.zeros(2, dtype=torch.float32 if device_type == 'mps' else torch.float64, device=device)
         for chunk in offsets[rank::world_size].split(batch_size):
             x, y = to_device(*data.windows(split_data, chunk, block_size))
@@ -561,9 +565,14 @@ while True:
                 'tokens_per_s': round(timed_tokens / train_time, 1) if train_time else None,
                 'params': n_params, 'flops_per_token': flops_per_token, 'skipped_steps': skipped_steps}
         last['mfu'] = mfu(last['tokens_per_s']) and round(mfu(last['tokens_per_s']), 4)
+        if report_data is not None and (iter_num >= max_iters or eval_only):  # the whole report half
+            report = estimate_loss({'report': (report_data, data.tiling_offsets(len(report_data), block_size))})
+            last.update(report_loss=report['report'], report_ppl=math.exp(min(report['report'], 50)),
+                        report_tokens=len(data.tiling_offsets(len(report_data), block_size)) * block_size)
         if master:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
-                  f"val ppl {last['val_ppl']:.2f}")
+                  f"val ppl {last['val_ppl']:.2f}" + (f", report loss {last['report_loss']:.4f} "
+                                                      f"({last['report_tokens']:,} tokens)" if 'report_loss' in last else ''))
             if not eval_only:
                 append_jsonl(out / 'log.jsonl', last)
             if wandb:

@@ -122,6 +122,16 @@ def _grid(name, only):
         early = {'sa': VARIANTS['sa'], 'hfa': VARIANTS['hfa'], 'hybrid': dict(attention='hfa_v1', n_hfa_head=2),
                  'ha_noshare_w': VARIANTS['ha_noshare_w'], 'ha_share_w': VARIANTS['ha_share_w']}
         return early, 3, dict(max_iters=200, lr_decay_iters=200)
+    if name == 'long':  # seed 0 of both rates first; once chosen, the chosen rate's other seeds
+        chosen = long_choice() or {}
+        variants = {p: {**o, 'seeds': LONG_SEEDS if p in chosen.values() else 1} for p, o in long_candidates().items()}
+        return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
+    if name in ('long3k', 'long1k'):  # the key pair at the rate chosen at full length
+        chosen = long_choice()
+        if chosen is None:
+            sys.exit("the long grid's rate choice is unfinished: run `python tools/cpu_grids.py long` first")
+        variants = {chosen[v]: {**long_candidates()[chosen[v]], 'seeds': LONG_SEEDS} for v in LONG_KEY}
+        return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
     names = [v for v in VARIANTS if not only or v in only]
     best = best_lrs(names)
     tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
@@ -140,6 +150,11 @@ def _grid(name, only):
             iters = max(1, round(MAIN_ITERS * cost['sa'] / cost[v]))  # SA's budget, spent at v's cost
             variants[v] = {**over, 'max_iters': iters, 'lr_decay_iters': iters}
         return variants, 3, {}
+    if name == 'milton_more':  # HFA's half-rate control on Milton, as SA, windowed SA and HA have (pooled into milton)
+        return half_rate(tuned, ['hfa2_pm']), 3, dict(dataset='milton_char')
+    if name == 'bpe_more':  # SA's half-rate control on GPT-2 tokens, one seed as HA's (pooled into bpe)
+        return {v: {**o, 'seeds': 1} for v, o in half_rate(tuned, ['sa']).items()}, 3, \
+            dict(dataset='shakespeare', batch_size=16, max_iters=500, lr_decay_iters=500)
     if name == 'milton':
         return {**{v: tuned[v] for v in SECOND if v in tuned}, **half_rate(tuned, ['sa', 'sa_w16', 'ha_share_w'])}, 3, dict(dataset='milton_char')
     if name == 'bpe':  # GPT-2 tokens: the 50,304-way output layer dominates, so half the batch and iterations
@@ -149,7 +164,40 @@ def _grid(name, only):
     raise SystemExit(f"unknown grid {name!r}; grids: {', '.join(ORDER)}")
 
 
-ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'bpe', 'main_flops', 'main_time']
+# The long study (RESULTS.md, "Long training"): SA, windowed SA and both windowed HA forms at
+# LONG_ITERS iterations, each run with its own cosine schedule, on report_split data: every
+# evaluation during training reads the selection half of the held-out plays, and each run ends
+# with the loss on every window of the report half, which no choice sees. Each variant's rate is
+# the better (selection half, seed 0, full length) of its lr_sweep best and half of it; the
+# chosen rate then runs LONG_SEEDS, the same seeds for every variant (seed k: the same data order).
+LONG = ['ha_share_w', 'ha_noshare_w', 'sa', 'sa_w16']  # HA first: the longest runs start first
+LONG_KEY = ['sa_w16', 'ha_share_w']  # the pair also trained at the shorter lengths
+LONG_ITERS = {'long': 6000, 'long3k': 3000, 'long1k': 1000}
+LONG_SEEDS = 5  # seeds 0-4 (compare.py: a count)
+LONG_EXTRA = dict(report_split=True, eval_interval=100)
+
+
+def long_candidates():
+    """{preset: overrides}: each LONG variant at its lr_sweep best and at half of it."""
+    best = best_lrs(LONG)
+    return {f'{v}_lr{lr_tag(lr)}': with_lr(VARIANTS[v], lr) for v in LONG for lr in (best[v], best[v] / 2)}
+
+
+def long_choice():
+    """{variant: preset} of the rate chosen for each LONG variant: the lower final selection-half
+    val loss of its two seed-0 runs at full length; None until all of them have finished."""
+    finals = {}
+    for preset in long_candidates():
+        log = GRIDS / 'long' / 'runs' / preset / 'seed0' / 'log.jsonl'
+        rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
+        if not rows or rows[-1]['iter'] < LONG_ITERS['long']:
+            return None
+        finals[preset] = rows[-1]['val_loss']
+    return {v: min((p for p in finals if p.split('_lr')[0] == v), key=finals.get) for v in LONG}
+
+
+ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
+         'main_flops', 'main_time', 'long', 'long3k', 'long1k']
 
 
 def command(name, jobs, only=None, collect_only=False):
@@ -182,12 +230,14 @@ def main():
                 subprocess.run(step_cmd, cwd=ROOT, check=True)
             if name == 'step_times':
                 continue
-        cmd = command(name, a.jobs, only, a.collect_only)
-        print('+', ' '.join(cmd), flush=True)
-        if not a.dry_run:
-            rc = subprocess.run(cmd, cwd=ROOT).returncode
-            if rc:
-                sys.exit(f"grid {name} failed (exit {rc}); rerun the same command to resume")
+        # the long grid runs twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
+        for _ in range(2 if name == 'long' and not long_choice() and not a.dry_run else 1):
+            cmd = command(name, a.jobs, only, a.collect_only)
+            print('+', ' '.join(cmd), flush=True)
+            if not a.dry_run:
+                rc = subprocess.run(cmd, cwd=ROOT).returncode
+                if rc:
+                    sys.exit(f"grid {name} failed (exit {rc}); rerun the same command to resume")
 
 
 if __name__ == '__main__':
