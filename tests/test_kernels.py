@@ -220,7 +220,7 @@ def test_hfa_paths_equal_definition(order, values_product, causal, Tq, Tk, offse
 
 def test_hfa_auto_choice_follows_width():
     """'auto' lifts only when dh^A <= KRON_MAX_WIDTH (measured crossover, docs/performance.md),
-    and only with the softmax; attention-weight dropout keeps HFA off the Triton kernel."""
+    and only with the softmax."""
     def q(A, dh):
         return torch.zeros(A, 1, 1, 2, dh)
     assert hfa.path(q(2, 16), kernel='torch') == 'kron'          # 256
@@ -270,13 +270,23 @@ def test_sa_forms_equal_definition(causal, Tq, Tk, offset, window):
 # -----------------------------------------------------------------------------
 # the model on its definitions (kernel='reference') == the model on its own paths
 
+def tiny_gpt(kw, seed=0):
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=12, vocab_size=13, **kw)
+    torch.manual_seed(seed)
+    model = GPT(cfg).to(DT).eval()
+    with torch.no_grad():  # larger weights than GPT-2's init, so logits really differ by position
+        for p in model.parameters():
+            p.normal_(0, 0.4)
+    return model
+
+
 REFERENCE_VARIANTS = {
     'sa': dict(attention='sa'),
     'sa_window': dict(attention='sa', attn_window=3),
     'sa_noncausal': dict(attention='sa', causal=False),
     'linear_norm_window': dict(attention='linear', linear_norm=True, attn_window=3),
     'hfa_v1_kron': dict(attention='hfa_v1'),
-    'hfa_v2_A3_explicit': dict(attention='hfa_v2', hfa_order=3),
+    'hfa_v2_A3_explicit': dict(attention='hfa_v2', hfa_order=3, hfa_kron='off'),
     'hfa_v1_nosoftmax_window': dict(attention='hfa_v1', softmax=False, attn_window=3),
     'ha_windows': dict(attention='ha', ha_window1=4, ha_window2=2),
     'ha_shared': dict(attention='ha', ha_share_kv=True),
@@ -317,16 +327,6 @@ VARIANTS = {
     'linear_window': dict(attention='linear', attn_window=3, linear_norm=True),
     'ha4_windowed': dict(attention='ha', ha_order=4, ha_window1=3, ha_window2=2),
 }
-
-
-def tiny_gpt(kw, seed=0):
-    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=12, vocab_size=13, **kw)
-    torch.manual_seed(seed)
-    model = GPT(cfg).to(DT).eval()
-    with torch.no_grad():  # larger weights than GPT-2's init, so logits really differ by position
-        for p in model.parameters():
-            p.normal_(0, 0.4)
-    return model
 
 
 @pytest.mark.parametrize('name', list(VARIANTS))
