@@ -47,7 +47,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / 'train.py'
@@ -453,6 +452,7 @@ def collect_run(run_dir, max_iters):
 
 def mean_std_ci(x):
     """Mean, sample std (ddof=1) and the 95% t-interval half-width (nan below 2 values)."""
+    import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
     from scipy import stats
     x = np.asarray(x, dtype=float)
     if len(x) == 0:
@@ -472,6 +472,7 @@ def welch_p(a, b):
 
 
 def summarize(args, variants, seeds, outcomes):
+    import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
     runs_by_variant = {}
     for v in variants:
         runs_by_variant[v['variant']] = []
@@ -570,6 +571,7 @@ def write_outputs(out, rows, table):
 
 def plot(rows, path, title=''):
     """Validation loss against tokens: the mean over seeds and a min-max band."""
+    import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt

@@ -1,0 +1,46 @@
+"""
+PyTorch stand-ins for the Triton entry points, same signatures and results: what
+kernel='auto' runs when a Triton kernel fails to compile or launch on the user's GPU
+(another triton version, too little shared memory). HA uses the blockwise PyTorch kernel
+(ha/pytorch.py); HFA and linear attention their definitions (naive.py), which materialise
+the (Tq, Tk) scores as the model's own PyTorch path does, differentiated by autograd in float32.
+"""
+
+import torch
+
+from attention_kernels.ha import pytorch as torch_ha
+from attention_kernels.hfa.naive import naive_hfa
+from attention_kernels.linear.naive import naive_linear
+
+
+def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, return_fp32=False):
+    out, lse, out32 = torch_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
+    return (out, lse.float(), out32) if return_fp32 else (out, lse.float())
+
+
+def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale, **_):
+    return torch_ha.ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale)
+
+
+def hfa_forward(q, k, v, offset, causal, window, scale):
+    out, lse = naive_hfa(q.float(), k.float(), v.float(), offset, causal, window, scale, lse=True)
+    keep = q.dtype != torch.float32
+    return out.to(q.dtype), lse, (out if keep else None)
+
+
+def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
+    with torch.enable_grad():
+        xs = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        grads = torch.autograd.grad(naive_hfa(*xs, offset, causal, window, scale), xs, dout.float())
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def linear_forward(q, k, v, offset, causal, window, norm, scale):
+    return naive_linear(q.float(), k.float(), v.float(), offset, causal, window, norm, scale).to(q.dtype)
+
+
+def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
+    with torch.enable_grad():
+        xs = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        grads = torch.autograd.grad(naive_linear(*xs, offset, causal, window, norm, scale), xs, dout.float())
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
