@@ -167,6 +167,7 @@ def test_cuda_steps_do_not_sync_the_host(data, tmp_path):
     assert res[0][0] is not None and res[0][0] == res[1][0], [c for c, _, _ in res]
 
 
+@pytest.mark.slow  # imports tools/train_smoke.py and writes its token files: seconds
 def test_train_smoke_runs_what_is_asked_without_numpy(tmp_path):
     """tools/train_smoke.py (a GPU check): `--only sa` runs sa itself, not a merged twin; its
     schedule never divides by zero (--iters 2); it imports no numpy at the top (the GPU
