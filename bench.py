@@ -6,10 +6,13 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
     python bench.py --block_sizes 128,512 --device cuda --out results/bench.json
     python bench.py --device cuda --gpt2 only     # the GPT-2-small training steps alone
     python bench.py --device cuda --kernels_only --out results/kernels.json   # the kernel rows alone
+    python bench.py --table --threads 1       # docs/attention.md's table: every variant at the CPU size
+    python bench.py --rounds 7 --step_times --config config/compare_cpu.py --out grids/main --variants sa,hfa ...
+                                              # a compare.py grid's seconds per step (tools/cpu_grids.py)
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
-    ha_ref                                    HA through the materialising reference (O(L^3) memory)
+    ha_ref                                    HA on its materialising reference, kernel='reference' (O(L^3) memory)
     hfa_v1_kron, hfa_v1_explicit              HFA forced onto either path (the model picks one)
     sdpa_min                                  a minimal self-contained SDPA GPT of the same size
 Modes:
@@ -27,6 +30,14 @@ Modes:
                  (flash) at the same shape; TFLOP/s and the fraction of the device's dense bf16
                  peak (hardware.py). Rows: sdpa, linear, linear_norm, hfa_A1..A3, ha_win (windows
                  512, 32), ha_win_shared, ha (full; T <= 1024 only, O(T^3)).
+    table        (--table) parameters, training FLOPs per token and CPU training tokens/s of
+                 every variant and option at the CPU configs' size (4 x 128, T = 128, batch 8):
+                 the best of --table_steps steps after two warm-up steps, as a markdown table
+    step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
+                 of every variant of the grid as train.py takes it, one thread, in rounds that
+                 visit the variants in turn (a load that comes and goes hits each alike); the
+                 median over --rounds rounds goes to OUT/step_times.json, which compare.py
+                 and tools/grid_report.py read to put runs on a common time axis
 
 Every (variant, mode, block size) runs in a fresh Python process. `peak_mem_bytes` is the
 memory the step itself needs (activations, gradients, optimizer state) beyond what is held
@@ -40,7 +51,8 @@ mark lazily, not when the allocator hands pages back with madvise, so it could s
 earlier reading.) On CUDA: torch.cuda.max_memory_allocated after a reset minus the memory
 allocated before, and `peak_mem_total_bytes` the whole peak. FLOPs are counted analytically
 (GPT.flops_per_token, Attention.mix_flops) and `frac_of_matmul_peak` = achieved FLOP/s /
-FLOP/s of a large fp32 matmul measured in the same run, on the same device and thread count.
+FLOP/s of a large fp32 matmul measured in the same run, on the same device and thread count
+(hardware.measured_matmul_flops, the best of its calls, at the start and at the end).
 
 On CPU the default is ONE thread (--threads): on a shared machine, two OpenMP threads
 competing with other work run many small kernels 10-30x slower, and ratios stop meaning
@@ -50,9 +62,9 @@ anything.
 import argparse
 import contextlib
 import json
-import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -62,7 +74,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import hardware
-from attention_kernels.masks import mean_visible
 from model import GPT, GPTConfig, make_attention
 
 VARIANTS = ['sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win']
@@ -78,7 +89,7 @@ def bench_config(variant, T, args):
     if variant == 'ha_win':  # Roy et al. use (512, 32) at long context; scaled to our lengths
         return GPTConfig(**base, attention='ha', ha_window1=min(args.window1, T), ha_window2=min(args.window2, T))
     if variant == 'ha_ref':
-        return GPTConfig(**base, attention='ha')
+        return GPTConfig(**base, attention='ha', kernel='reference')
     if variant in ('hfa_v1_kron', 'hfa_v1_explicit'):
         return GPTConfig(**base, attention='hfa_v1', hfa_kron='on' if variant.endswith('kron') else 'off')
     raise ValueError(variant)
@@ -164,23 +175,42 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed(step, device, min_time, min_iters):
-    """Seconds per call of step(): one warm-up call, then at least min_iters calls and min_time s."""
-    step()
-    sync(device)
-    n, t0 = 0, time.perf_counter()
-    while n < min_iters or time.perf_counter() - t0 < min_time:
+def timed(step, device, min_time, min_iters, warmup=1, best=False):
+    """Seconds per call of step(): `warmup` untimed calls, then at least min_iters calls and
+    min_time seconds; the mean, or with best=True the fastest call (robust to a shared machine)."""
+    for _ in range(warmup):
         step()
         sync(device)
-        n += 1
-    return (time.perf_counter() - t0) / n
+    times, t_end = [], time.perf_counter() + min_time
+    while len(times) < min_iters or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times) if best else sum(times) / len(times)
 
 
-def matmul_flops(device, n=1024, seconds=0.5):
-    """FLOP/s of an n x n fp32 matmul: the peak the other rows are compared with."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    dt = timed(lambda: a @ b, device, seconds, 3)
-    return 2 * n ** 3 / dt
+def train_step(model, opt, x, y, accum=1, grad_clip=None, ctx=None, forward=None):
+    """One optimizer step as train.py takes it: `accum` micro-batches forward (under ctx) and
+    backward, the gradient norm clipped (grad_clip; 0: measured, not clipped, as train.py;
+    None: skipped), the optimizer step. forward: a compiled model, else the model itself."""
+    forward, ctx = forward or model, ctx or contextlib.nullcontext()
+
+    def step():
+        for _ in range(accum):
+            with ctx:
+                _, loss = forward(x, y)
+            (loss / accum).backward()
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def random_batch(vocab, B, T, device='cpu'):
+    idx = torch.randint(vocab, (B, T + 1), device=device)
+    return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
 
 
 def run_case(case):
@@ -192,8 +222,6 @@ def run_case(case):
     rec = dict(variant=variant, mode=mode, block_size=T, batch_size=B, device=dev, threads=case['threads'])
     if mode == 'attention':
         layer = make_attention(cfg).to(dev)
-        if variant == 'ha_ref':  # route the layer through the materialising reference
-            _use_reference(layer)
         x = torch.randn(B, T, cfg.n_embd, device=dev, requires_grad=True)
         n_w = sum(m.weight.numel() for m in layer.modules() if isinstance(m, nn.Linear))
         flops_per_token = 3 * (2 * n_w + layer.mix_flops(T))
@@ -202,21 +230,8 @@ def run_case(case):
             layer(x).sum().backward()
     else:
         model = (MinimalGPT(cfg) if variant == 'sdpa_min' else GPT(cfg)).to(dev)
-        if variant == 'ha_ref':
-            for blk in model.transformer.h:
-                _use_reference(blk.attn)
-        ref_model = GPT(bench_config('sa' if variant == 'sdpa_min' else variant, T, args))
-        flops_per_token = ref_model.flops_per_token(T)
-        del ref_model
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        idx = torch.randint(cfg.vocab_size, (B, T + 1), device=dev)
-        xb, yb = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-
-        def step():
-            _, loss = model(xb, yb)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        flops_per_token = model_flops_per_token(bench_config('sa' if variant == 'sdpa_min' else variant, T, args))
+        step = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), *random_batch(cfg.vocab_size, B, T, dev))
     memory = StepMemory(dev)
     dt = timed(step, dev, case['min_time'], case['min_iters'])
     used, total = memory.peak()
@@ -225,16 +240,16 @@ def run_case(case):
     return rec
 
 
-def _use_reference(attn):
-    """Make an HA layer compute with hyper_attention_reference (every tuple materialised)."""
-    from attention_kernels.ha.pytorch import hyper_attention_reference, pair_masks
-    for g in attn.groups:
-        c = g.cfg
+def model_flops_per_token(cfg):
+    """GPT.flops_per_token of a config, from a model on the meta device (no memory)."""
+    with torch.device('meta'):
+        return GPT(cfg).flops_per_token(cfg.block_size)
 
-        def mix(q, k, v, offset, c=c):
-            masks = pair_masks(q.size(-2), k.size(-2), offset, c.causal, c.ha_window1, c.ha_window2, q.device)
-            return hyper_attention_reference(q[0], list(k), list(v), masks, softmax=c.softmax)
-        g.mix = mix
+
+def mix_flops(cfg, T):
+    """Attention.mix_flops of a config's layer: forward FLOPs per token of mixing keys into values."""
+    with torch.device('meta'):
+        return make_attention(cfg).mix_flops(T)
 
 
 def run_sample(case):
@@ -286,29 +301,19 @@ def gpt2_config(variant, shape):
 def run_gpt2_step(case):
     """Tokens/s and MFU of train.py's step on GPT-2 small: forward and backward under
     autocast, gradient clipping, fused AdamW (on CUDA), torch.compile on or off."""
-    import hardware
     torch.set_num_threads(case['threads'])
     torch.manual_seed(0)
     dev, variant, shape, B = case['device'], case['variant'], case['shape'], case['batch_size']
     T = shape['block_size']
     cfg = gpt2_config(variant, shape)
     model = (MinimalGPT(cfg) if variant == 'sdpa_min' else GPT(cfg)).to(dev)
-    flops_per_token = GPT(gpt2_config('sa' if variant == 'sdpa_min' else variant, shape)).flops_per_token(T)
+    flops_per_token = model_flops_per_token(gpt2_config('sa' if variant == 'sdpa_min' else variant, shape))
     opt = GPT.configure_optimizers(model, 0.1, 6e-4, (0.9, 0.95), dev) if variant != 'sdpa_min' else \
         torch.optim.AdamW(model.parameters(), lr=6e-4, fused=dev == 'cuda')
     dtype = getattr(torch, case['dtype'])
-    ctx = torch.autocast(device_type=dev, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
-    fwd = torch.compile(model) if case['compile'] else model
-    idx = torch.randint(cfg.vocab_size, (B, T + 1), device=dev)
-    xb, yb = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-
-    def step():
-        with ctx:
-            _, loss = fwd(xb, yb)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    ctx = torch.autocast(device_type=dev, dtype=dtype) if dtype != torch.float32 else None
+    step = train_step(model, opt, *random_batch(cfg.vocab_size, B, T, dev), grad_clip=1.0, ctx=ctx,
+                      forward=torch.compile(model) if case['compile'] else None)
 
     t0 = time.perf_counter()
     step()  # compilation, autotuning, allocator warm-up
@@ -342,38 +347,40 @@ KERNEL_ROWS = ['sdpa', 'linear', 'linear_norm', 'hfa_A1', 'hfa_A2', 'hfa_A3', 'h
 
 
 def kernel_call(name, B, H, T, dh, dtype, device, window=(512, 32)):
-    """(inputs, f, forward FLOPs) of one kernel row: f(*inputs) -> out (B, H, T, dh).
-    FLOPs count the visible pairs only (causal, windows), 2 per multiply-add, as
-    Attention.mix_flops does: sdpa / linear 4 dh per (query, key); HFA (2 A dh + A - 1 + 2 dh);
-    HA 4 dh per (query, key pair)."""
-    from attention_kernels import ops
+    """(inputs, f, forward FLOPs) of one kernel row: f(*inputs) -> out (B, H, T, dh). FLOPs
+    are the model's own count (Attention.mix_flops: the visible pairs only, 2 per multiply-add)
+    for a layer of H heads of width dh with the row's attention."""
+    from attention_kernels.ha.ops import hyper_attention
+    from attention_kernels.hfa.ops import hfa_attention
+    from attention_kernels.linear.ops import linear_attention
     g = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, device=device, dtype=dtype).requires_grad_()
+
+    def flops(**kw):
+        return B * T * mix_flops(GPTConfig(n_layer=1, n_head=H, n_embd=H * dh, block_size=T, **kw), T)
     scale = dh ** -0.5
-    pairs = B * H * T * mean_visible(T, True)
     if name == 'sdpa':
         x = [rand(B, H, T, dh) for _ in range(3)]
-        return x, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), 4 * dh * pairs
+        return x, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), flops(attention='sa')
     if name.startswith('linear'):
         x = [rand(B, H, T, dh) for _ in range(3)]
         norm = name == 'linear_norm'
-        return x, lambda q, k, v: ops.linear_attention(q, k, v, 0, True, 0, norm, scale), 4 * dh * pairs
+        return x, lambda q, k, v: linear_attention(q, k, v, 0, True, 0, norm, scale), flops(attention='linear')
     if name.startswith('hfa'):
         A = int(name[-1])
         x = [rand(A, B, H, T, dh), rand(A, B, H, T, dh), rand(B, H, T, dh)]
-        return x, lambda q, k, v: ops.hfa_attention(q, k, v, 0, True, 0, scale), (2 * A * dh + A - 1 + 2 * dh) * pairs
+        return x, lambda q, k, v: hfa_attention(q, k, v, 0, True, 0, scale), flops(attention='hfa_v1', hfa_order=A)
     if name.startswith('ha'):
         w1, w2 = window if name.startswith('ha_win') else (0, 0)
-        tuples = sum(min(i + 1, w1 or T) * min(i + 1, w2 or T) for i in range(T))
         shared = name.endswith('shared')
         x = [rand(B, H, T, dh) for _ in range(3 if shared else 5)]
 
         def f(q, *kv):
             k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-            return ops.hyper_attention(q, k1, k2, v1, v2, 0, True, w1, w2, kernel='auto')
-        return x, f, 4 * dh * B * H * tuples
+            return hyper_attention(q, k1, k2, v1, v2, 0, True, w1, w2, kernel='auto')
+        return x, f, flops(attention='ha', ha_window1=w1, ha_window2=w2)
     raise ValueError(name)
 
 
@@ -488,6 +495,103 @@ def parse_kernel_args(args):
 
 
 # -----------------------------------------------------------------------------
+# every variant at the CPU configs' size: docs/attention.md's table
+
+TABLE_SIZE = dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=65, bias=False, dropout=0.0)
+TABLE_VARIANTS = {  # name -> GPTConfig overrides
+    'sa': dict(attention='sa'),
+    'linear': dict(attention='linear'),
+    'linear (norm)': dict(attention='linear', linear_norm=True),
+    'hfa_v1 A=2': dict(attention='hfa_v1', hfa_order=2),
+    'hfa_v1 A=2, dh=d/(HA)': dict(attention='hfa_v1', hfa_order=2, head_dim=16),
+    'hfa_v2 A=2': dict(attention='hfa_v2', hfa_order=2),
+    'hfa_v2 A=3': dict(attention='hfa_v2', hfa_order=3),
+    'hfa_v1 2 SA + 2 HFA': dict(attention='hfa_v1', n_hfa_head=2),
+    'hfa_v1 no softmax': dict(attention='hfa_v1', softmax=False),
+    'ha': dict(attention='ha'),
+    'ha shared': dict(attention='ha', ha_share_kv=True),
+    'ha w=32/8': dict(attention='ha', ha_window1=32, ha_window2=8),
+    'ha no softmax': dict(attention='ha', softmax=False),
+    'ha order 4': dict(attention='ha', ha_order=4),
+    'sa sa sa ha': dict(attn_layers='sa,sa,sa,ha'),
+}
+TABLE_NOT_RUN = {'ha order 4'}  # its reference materialises B*H*T^4 weights: not run at T = 128
+
+
+def variant_table(args):
+    """Parameters, training FLOPs per token and tokens/s of a training step (forward, backward,
+    AdamW) on random tokens, every variant in one process: the fastest of --table_steps steps
+    after two warm-up steps (the fastest, as the machine is shared). A markdown table."""
+    names = [n.strip() for n in args.table_only.split(',')] if args.table_only else list(TABLE_VARIANTS)
+    unknown = set(names) - set(TABLE_VARIANTS)
+    if unknown:
+        raise SystemExit(f"error: unknown table rows {sorted(unknown)}; valid: {', '.join(TABLE_VARIANTS)}")
+    B, T = args.batch_size or 8, TABLE_SIZE['block_size']
+    print(f"size {TABLE_SIZE}, batch {B} x {T}, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print('| variant | params (non-emb.) | train MFLOPs/token | CPU tokens/s |')
+    print('|---|---:|---:|---:|')
+    records = []
+    for name in names:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**{**TABLE_SIZE, **TABLE_VARIANTS[name]})).to(args.device)
+        tps = None
+        if name not in TABLE_NOT_RUN:
+            opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), args.device)
+            step = train_step(model, opt, *random_batch(TABLE_SIZE['vocab_size'], B, T, args.device))
+            tps = B * T / timed(step, args.device, 0.0, args.table_steps, warmup=2, best=True)
+        rec = dict(variant=name, mode='table', block_size=T, batch_size=B, device=args.device,
+                   params=model.get_num_params(), flops_per_token=model.flops_per_token(), tokens_per_s=tps)
+        records.append(rec)
+        print(f"| {name} | {rec['params']:,} | {rec['flops_per_token'] / 1e6:.2f} | "
+              f"{'n/a' if tps is None else f'{tps:,.0f}'} |", flush=True)
+    return records
+
+
+# -----------------------------------------------------------------------------
+# a compare.py grid's seconds per step, for comparisons at equal training time
+
+def grid_step(cfg, vocab):
+    """A training step of one grid run (a compare.py run configuration) on random tokens, as
+    train.py takes it on CPU; the data loading left out."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_dict({**cfg, 'vocab_size': vocab}))
+    opt = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']), 'cpu')
+    return train_step(model, opt, *random_batch(vocab, cfg['batch_size'], cfg['block_size']),
+                      accum=cfg['gradient_accumulation_steps'], grad_clip=cfg['grad_clip'])
+
+
+def grid_step_times(compare_argv, rounds):
+    """Seconds per step of every variant of the compare.py grid these arguments describe
+    (its --config, --variants, --preset, overrides and --out), in one process, one thread:
+    `rounds` rounds visit the variants in turn, 3 steps each after two warm-up steps; the
+    median goes to OUT/step_times.json."""
+    import compare
+    args = compare.parse_args(compare_argv)
+    torch.set_num_threads(1)
+    variants = compare.plan(args)
+    vocab = compare.vocab_size(variants[0]['cfg'])
+    steps = {v['variant']: grid_step(v['cfg'], vocab) for v in variants}
+    for step in steps.values():  # warm-up: allocator, first-call overheads
+        timed(step, 'cpu', 0.0, 1)
+    times = {name: [] for name in steps}
+    for r in range(rounds):
+        for name, step in steps.items():
+            times[name].append(timed(step, 'cpu', 0.0, 3, warmup=0))
+        print(f"round {r + 1}/{rounds}: " + ', '.join(f"{n} {t[-1] * 1000:.0f} ms" for n, t in times.items()), flush=True)
+    result = {'threads': 1, 'rounds': rounds, 'load_average': os.getloadavg()[0],
+              'seconds_per_step': {n: statistics.median(t) for n, t in times.items()}, 'all_seconds': times}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, 'step_times.json')
+    with open(path, 'w') as f:
+        json.dump(result, f, indent=1)
+    ref = result['seconds_per_step'].get(compare.REFERENCE)
+    for n, t in result['seconds_per_step'].items():
+        print(f"{n:>14}: {t * 1000:8.1f} ms/step" + (f"  ({t / ref:.2f}x {compare.REFERENCE})" if ref else ''))
+    print(f"wrote {path}")
+    return result
+
+
+# -----------------------------------------------------------------------------
 # the sweep: one subprocess per case
 
 def plan(args):
@@ -515,7 +619,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--block_sizes', default=None, help='comma list; CPU default 64,256,1024')
-    p.add_argument('--batch_size', type=int, default=None, help='default 1 on CPU, 8 on CUDA')
+    p.add_argument('--batch_size', type=int, default=None, help='default 1 on CPU, 8 on CUDA and for --table')
     p.add_argument('--quick', action='store_true', help='tiny sweep that runs in seconds')
     p.add_argument('--threads', type=int, default=1, help='CPU threads per case (see docstring)')
     p.add_argument('--n_layer', type=int, default=2)
@@ -533,18 +637,31 @@ def main():
     p.add_argument('--in_process', action='store_true', help='no subprocess per case (implied by --quick)')
     p.add_argument('--out', default=None, help='write the records as JSON')
     p.add_argument('--case', default=None, help=argparse.SUPPRESS)  # internal: run one case
+    p.add_argument('--table', action='store_true', help="only docs/attention.md's table of every variant")
+    p.add_argument('--table_only', default='', help='comma list of table rows (default: all)')
+    p.add_argument('--table_steps', type=int, default=5, help='timed steps per table row (the fastest counts)')
+    p.add_argument('--rounds', type=int, default=5, help='--step_times: rounds over the variants')
+    p.add_argument('--step_times', nargs=argparse.REMAINDER, metavar='COMPARE_ARGS',
+                   help="last: the rest are a compare.py grid's arguments; writes its OUT/step_times.json")
     add_kernel_args(p)
     args = p.parse_args()
 
     if args.case:
         print('RESULT ' + json.dumps(run_any(json.loads(args.case))))
         return
-
+    if args.step_times is not None:
+        grid_step_times(args.step_times, args.rounds)
+        return
     with_kernels = parse_kernel_args(args)
     if args.kernels_only:
         write_records(kernel_rows(args), args.out)
         return
     cpu = args.device == 'cpu'
+    if cpu:
+        torch.set_num_threads(args.threads)
+    if args.table:
+        write_records(variant_table(args), args.out)
+        return
     if args.block_sizes:
         args.block_sizes = [int(s) for s in args.block_sizes.split(',')]
     else:
@@ -557,9 +674,7 @@ def main():
     common = dict(device=args.device, threads=args.threads, batch_size=B, model=model_args,
                   min_time=0.05 if args.quick else 1.0, min_iters=1 if args.quick else 2)
 
-    if cpu:
-        torch.set_num_threads(args.threads)
-    peak0 = matmul_flops(args.device, 256 if args.quick else 1024, 0.1 if args.quick else 0.5)
+    peak0 = hardware.measured_matmul_flops(args.device, 256 if args.quick else 1024, 0.1 if args.quick else 0.5)
     print(f"device {args.device}, threads {args.threads}, batch {B}, model n_layer={args.n_layer} "
           f"n_head={args.n_head} n_embd={args.n_embd} vocab={args.vocab}")
 
@@ -588,7 +703,7 @@ def main():
             records.append(dict(variant=case['variant'], mode=case['mode'], block_size=case.get('block_size'),
                                 batch_size=case['batch_size'], tokens_per_s=None, peak_mem_bytes=None,
                                 flops_per_token=None, frac_of_matmul_peak=None, error=str(e)[:200]))
-    peak1 = matmul_flops(args.device, 256 if args.quick else 1024, 0.1 if args.quick else 0.5)
+    peak1 = hardware.measured_matmul_flops(args.device, 256 if args.quick else 1024, 0.1 if args.quick else 0.5)
     peak = max(peak0, peak1)
     for rec in records:
         if rec.get('flops_per_s'):

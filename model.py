@@ -14,8 +14,9 @@ higher-order attention, not the LSH long-context method of Han et al. (ICLR 2024
 Layout: a layer is a few groups of heads (`Heads` subclasses, one per variant) whose
 outputs are concatenated and mixed by one output projection W_O (`Attention`). Every
 group owns one fused input projection that produces its query/key/value streams, so
-the shared machinery (projection, head split, KV cache, masks, W_O) is written once
-and each variant only says how its heads mix keys into values.
+the shared machinery (projection, head split, KV cache, W_O) is written once and each
+variant only says how its heads mix keys into values: the formula in its docstring and
+one call into attention_kernels/, which holds every way of computing it.
 """
 
 import math
@@ -27,9 +28,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention_kernels
-from attention_kernels.ha.pytorch import hyper_attention_reference, linear_hyper_attention
-from attention_kernels.masks import mean_visible, visible
-from attention_kernels.ops import hfa_attention, hyper_attention, linear_attention
+from attention_kernels import ha, hfa, linear, sa
+from attention_kernels.masks import mean_visible
 
 ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
 
@@ -58,7 +58,7 @@ class GPTConfig:
     ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
     attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
-    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch': who computes linear, hfa and ha (attention_kernels/)
+    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch' | 'reference': who computes attention (attention_kernels/)
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -111,7 +111,8 @@ class Heads(nn.Module):
     Subclasses set how many query, key and value streams a head has and implement
     `mix(q, k, v, offset)`: q is (n_q, B, H, Tq, dh), k (n_k, B, H, Tk, dh), v
     (n_v, B, H, Tk, dh); it returns (B, H, Tq, dh). Queries sit at positions
-    offset..offset+Tq-1, keys at 0..Tk-1 (Tk > Tq when decoding from a cache).
+    offset..offset+Tq-1, keys at 0..Tk-1 (Tk > Tq when decoding from a cache). How a
+    family is computed (SDPA, Triton, PyTorch forms) is attention_kernels/'s choice.
     """
     n_q, n_k, n_v = 1, 1, 1
 
@@ -134,21 +135,15 @@ class Heads(nn.Module):
             kv['k'], kv['v'] = k, v
         return self.mix(q, k, v, offset)
 
-    def mask(self, q, k, offset):
-        """Which keys each query may read: causal, within the last attn_window positions."""
-        return visible(q.size(-2), k.size(-2), offset, self.cfg.causal, self.window, q.device)
-
     @property
     def window(self):
-        return self.cfg.attn_window if self.cfg.causal else 0  # a window is a causal notion
+        """attn_window: query i reads i - w < j <= i (a causal notion; 0: every key)."""
+        return self.cfg.attn_window if self.cfg.causal else 0
 
-    def weights_dropout(self, w):
-        return F.dropout(w, self.dropout, self.training) if self.dropout else w
-
-    def backend(self, q, family, supported=True):
-        """'triton' or 'torch' (attention_kernels.backend); the fused kernels apply no attention-weight
-        dropout, so while it is active the PyTorch path runs."""
-        return attention_kernels.backend(self.cfg.kernel, q, family, supported and not (self.dropout and self.training))
+    @property
+    def drop(self):
+        """Attention-weight dropout probability: 0 outside training."""
+        return self.dropout if self.training else 0.0
 
     def mix_flops(self, T):
         """Forward FLOPs per token, per head, of mixing keys into values (no projections)."""
@@ -160,15 +155,9 @@ class SoftmaxHeads(Heads):
     Fused kernels through torch's scaled_dot_product_attention. With attn_window = w the
     sum runs over the last w positions only, i - w < j <= i (sliding-window attention)."""
 
-    def mix(self, q, k, v, offset):
-        q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)  # not q[0]: its backward copies into zeros
-        drop = self.dropout if self.training else 0.0
-        if not self.window:  # the mask-free forms SDPA runs fastest
-            if not self.cfg.causal or (q.size(-2) == 1 and offset == k.size(-2) - 1):
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-            if q.size(-2) == k.size(-2):
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(q, k, offset), dropout_p=drop)
+    def mix(self, q, k, v, offset):  # squeeze, not q[0]: its backward copies into zeros
+        return sa.attention(q.squeeze(0), k.squeeze(0), v.squeeze(0), offset, self.cfg.causal, self.window,
+                            self.drop, self.cfg.kernel)
 
     def mix_flops(self, T):
         return 4 * self.dh * mean_visible(T, self.cfg.causal, self.window)
@@ -179,17 +168,11 @@ class LinearHeads(Heads):
         head_i = sum_{j<=i} (q_i . k_j / sqrt(dh)) v_j.
     Our choice: with linear_norm=True the sum is divided by the number of visible keys
     (i + 1, or the window), which keeps activations O(1) for long contexts; off by default.
-    With the Triton kernel (attention_kernels/linear/triton.py) no T x T matrix is formed."""
+    With the Triton kernel (attention_kernels/linear/) no T x T matrix is formed."""
 
     def mix(self, q, k, v, offset):
-        q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)
-        if self.backend(q, 'linear') == 'triton':
-            return linear_attention(q, k, v, offset, self.cfg.causal, self.window, self.cfg.linear_norm, self.dh ** -0.5)
-        m = self.mask(q, k, offset)
-        w = (q @ k.transpose(-2, -1)) * self.dh ** -0.5 * m
-        if self.cfg.linear_norm:
-            w = w / m.sum(-1, keepdim=True)
-        return self.weights_dropout(w) @ v
+        return linear.attention(q.squeeze(0), k.squeeze(0), v.squeeze(0), offset, self.cfg.causal, self.window,
+                                self.cfg.linear_norm, self.drop, self.cfg.kernel)
 
     def mix_flops(self, T):
         return 4 * self.dh * mean_visible(T, self.cfg.causal, self.window)
@@ -202,58 +185,23 @@ class HFAHeads(Heads):
     hfa_v1: V = X W_V (one value projection).   hfa_v2: V = prod_a X W_V^(a) (Hadamard).
     Our choice: each factor is scaled by 1/sqrt(dh) so the product has unit-order variance
     at initialisation ([IA] writes no scaling).
-
-    Fast path: (Q1 K1^T) * (Q2 K2^T) = (Q1 (x) Q2)(K1 (x) K2)^T with (x) the row-wise
-    Kronecker product, so HFA is exactly SDPA on lifted queries/keys of width dh^A:
-    memory linear in T and fused kernels. Used when dh^A is small (hfa_kron='auto').
-    The Triton kernel (attention_kernels/hfa/triton.py, softmax, A <= 4) multiplies the A score tiles
-    inside one flash-attention loop instead: no T x T tensor at any dh."""
-    kron_max_width = 256
+    Paths (attention_kernels/hfa/): a Triton kernel that multiplies the A score tiles inside
+    one flash-attention loop (softmax, A <= 4, no T x T tensor at any dh); else SDPA on
+    row-wise Kronecker-lifted queries/keys of width dh^A, exact and fused, while dh^A is small
+    (hfa_kron='auto'); else the scores materialised."""
 
     def __init__(self, cfg, n_heads, values_product):
         A = cfg.hfa_order
         self.n_q, self.n_k, self.n_v = A, A, (A if values_product else 1)
         super().__init__(cfg, n_heads)
-        self.use_kron = cfg.softmax and (cfg.hfa_kron == 'on' or (
-            cfg.hfa_kron == 'auto' and self.dh ** A <= self.kron_max_width))
 
-    def mix(self, q, k, v, offset):
-        v = v.prod(0)  # hfa_v1: the only value stream; hfa_v2: the Hadamard product
-        if self.backend(q[0], 'hfa', self.cfg.softmax and len(q) <= 4) == 'triton':
-            return hfa_attention(q, k, v, offset, self.cfg.causal, self.window, self.dh ** -0.5)
-        if self.use_kron:
-            return self.mix_kron(q, k, v, offset)
-        s = q @ k.transpose(-2, -1)  # (A, B, H, Tq, Tk); multiply the factors out one by one:
-        w = s[0] * self.dh ** (-0.5 * len(q))  # Tensor.prod's backward is ~2x slower (zero checks)
-        for sa in s[1:]:
-            w = w * sa
-        m = self.mask(q[0], k[0], offset)
-        if self.cfg.softmax:
-            w = torch.softmax(w.masked_fill(~m, float('-inf')), dim=-1)
-        else:
-            w = w * m
-        return self.weights_dropout(w) @ v
-
-    def mix_kron(self, q, k, v, offset):
-        ql, kl = lift(q), lift(k)
-        scale = self.dh ** (-0.5 * len(q))
-        drop = self.dropout if self.training else 0.0
-        if self.cfg.causal and not self.window and ql.size(-2) == kl.size(-2):
-            return F.scaled_dot_product_attention(ql, kl, v, dropout_p=drop, is_causal=True, scale=scale)
-        m = self.mask(ql, kl, offset) if self.cfg.causal else None
-        return F.scaled_dot_product_attention(ql, kl, v, attn_mask=m, dropout_p=drop, scale=scale)
+    def mix(self, q, k, v, offset):  # hfa_v1: v.prod(0) is the one value stream; hfa_v2: the Hadamard product
+        return hfa.attention(q, k, v.prod(0), offset, self.cfg.causal, self.window, self.cfg.softmax,
+                             self.cfg.hfa_kron, self.drop, self.cfg.kernel)
 
     def mix_flops(self, T):
         A = self.n_q  # A score matmuls, A - 1 elementwise products, one value matmul
         return (2 * A * self.dh + (A - 1) + 2 * self.dh) * mean_visible(T, self.cfg.causal, self.window)
-
-
-def lift(x):
-    """Row-wise Kronecker product of the A streams: (A, ..., dh) -> (..., dh^A)."""
-    out = x[0]
-    for xa in x[1:]:
-        out = (out.unsqueeze(-1) * xa.unsqueeze(-2)).flatten(-2)
-    return out
 
 
 class HAHeads(Heads):
@@ -266,7 +214,7 @@ class HAHeads(Heads):
     [IA]'s third value factor folds into W_O; ha_share_kv=True ties K2 = K1 and V2 = V1;
     windows restrict j1 to the last ha_window1 and j2 to the last ha_window2 positions
     (2-simplicial attention, Roy et al. 2025; for order >= 4 the slots beyond the second are
-    full). Order 3 runs blockwise with an online softmax (attention_kernels/): no T x T x T
+    full). Order 3 runs blockwise with an online softmax (attention_kernels/ha/): no T x T x T
     tensor. Order >= 4 uses the materialising reference.
     Dropout on the attention weights is not applied here (the kernel never forms them); the
     residual dropout after W_O is."""
@@ -277,19 +225,10 @@ class HAHeads(Heads):
         self.n_k = self.n_v = 1 if cfg.ha_share_kv else cfg.ha_order - 1
         super().__init__(cfg, n_heads)
 
-    def mix(self, q, k, v, offset):
-        c, n = self.cfg, self.cfg.ha_order - 1
-        if c.ha_share_kv:  # the same key and value stream in every slot
-            k, v = k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])
-        if n == 2 and not c.softmax:
-            return linear_hyper_attention(q[0], k[0], k[1], v[0], v[1], offset, c.causal, c.ha_window1, c.ha_window2)
-        if n == 2:
-            k1, v1 = k[0], v[0]
-            k2, v2 = (k1, v1) if c.ha_share_kv else (k[1], v[1])  # shared: one tensor in both slots
-            return hyper_attention(q[0], k1, k2, v1, v2, offset, c.causal, c.ha_window1, c.ha_window2, c.kernel)
-        windows = [c.ha_window1, c.ha_window2] + [0] * (n - 2)  # slots beyond the second: full
-        masks = [visible(q.size(-2), k.size(-2), offset, c.causal, w, q.device) for w in windows]
-        return hyper_attention_reference(q[0], list(k), list(v), masks, softmax=c.softmax)
+    def mix(self, q, k, v, offset):  # shared keys and values: one stream (k, v of size 1) in every slot
+        c = self.cfg
+        return ha.attention(q.squeeze(0), k, v, offset, c.causal, c.ha_order, (c.ha_window1, c.ha_window2),
+                            c.softmax, c.kernel)
 
     def mix_flops(self, T):
         c, n = self.cfg, self.cfg.ha_order - 1

@@ -1,20 +1,26 @@
 """
-Attention kernels, kept apart from the model (model.py states the maths and calls these).
+Attention kernels, kept apart from the model (model.py states the maths and calls these),
+one folder per family in the manner of flash-linear-attention:
 
+    sa.py              softmax attention: the naive reference and torch's SDPA
+    linear/            linear attention ([IA] Eq. 1)
+    hfa/               HyperFeatureAttention ([IA] Def 5.1, E.2)
+    ha/                HyperAttention ([IA] Def 6.1, App. F)
     masks.py           which keys a query may read (causal, offset, windows)
-    ha/                HyperAttention: pytorch.py (blockwise order 3, the materialising
-                       reference for any order, linear HA by prefix sums), triton.py (order 3)
-    hfa/triton.py      HyperFeatureAttention in Triton (A = 1..4 score tiles, one softmax)
-    linear/triton.py   linear attention in Triton (no softmax, optional 1/(visible keys))
+    op_common.py       what the torch.library custom ops share
     triton_common.py   pieces the Triton kernels share
     fallback.py        PyTorch stand-ins of the Triton entry points (kernel='auto' falls
                        back to them when a Triton kernel fails to compile or launch)
-    ops.py             each kernel as a torch.library custom op, with autograd and a fake
-                       (meta) implementation, so torch.compile traces through them
+
+A family holds naive.py (its definition, materialised: the float64 reference the tests
+import), its PyTorch forms, its Triton kernel (triton.py) and that kernel as a custom op
+(ops.py, so torch.compile traces through it), and one entry function, `<family>.attention`,
+that takes the model's choices (kernel flag, dropout, window, offset, ...) and picks a path.
 
 `backend` below is the one place that chooses between the Triton and the PyTorch kernel,
 following the `kernel` flag: 'torch' always PyTorch; 'triton' always Triton; 'auto'
-Triton for CUDA tensors when triton imports, PyTorch elsewhere. On a machine without
+Triton for CUDA tensors when triton imports, PyTorch elsewhere; 'reference' runs every
+family through its naive reference (materialising: small sizes only). On a machine without
 CUDA, triton is imported with its interpreter on, so kernel='triton' runs the Triton
 kernels on CPU tensors (slowly; the tests do this at tiny sizes).
 """
@@ -26,7 +32,7 @@ import warnings
 
 import torch
 
-KERNELS = ('auto', 'triton', 'torch')
+KERNELS = ('auto', 'triton', 'torch', 'reference')
 FAMILIES = {'hfa': 'hfa.triton', 'linear': 'linear.triton', 'ha': 'ha.triton'}
 
 _triton = {'tried': False, 'error': None, 'env_before': None}  # filled once by load_triton()
@@ -143,7 +149,7 @@ def backend(kernel, x, family, supported=True):
     """'triton' or 'torch': the kernel that computes `family` for inputs like x.
     `supported` is False for a case the Triton kernel does not cover (e.g. attention-weight
     dropout, hfa_order > 4): then PyTorch, as for float64 inputs."""
-    if kernel == 'torch' or not supported or x.dtype not in TRITON_DTYPES:
+    if kernel in ('torch', 'reference') or not supported or x.dtype not in TRITON_DTYPES:
         return 'torch'
     if kernel == 'triton':
         if family not in _modules:

@@ -2,14 +2,15 @@
 PyTorch stand-ins for the Triton entry points, same signatures and results: what
 kernel='auto' runs when a Triton kernel fails to compile or launch on the user's GPU
 (another triton version, too little shared memory). HA uses the blockwise PyTorch kernel
-(ha/pytorch.py); HFA and linear attention materialise the (Tq, Tk) scores, which is what the
-model's own PyTorch path does, and differentiate by autograd in float32.
+(ha/pytorch.py); HFA and linear attention their definitions (naive.py), which materialise
+the (Tq, Tk) scores as the model's own PyTorch path does, differentiated by autograd in float32.
 """
 
 import torch
 
 from attention_kernels.ha import pytorch as torch_ha
-from attention_kernels.masks import visible
+from attention_kernels.hfa.naive import naive_hfa
+from attention_kernels.linear.naive import naive_linear
 
 
 def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, return_fp32=False):
@@ -21,19 +22,8 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     return torch_ha.ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale)
 
 
-def _hfa(q, k, v, offset, causal, window, scale):
-    s = 1.0
-    for a in range(q.size(0)):
-        s = s * (q[a] @ k[a].transpose(-1, -2) * scale)
-    m = visible(q.size(-2), k.size(-2), offset, causal, window, q.device)
-    s = s.masked_fill(~m, float('-inf'))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-    return p @ v, lse
-
-
 def hfa_forward(q, k, v, offset, causal, window, scale):
-    out, lse = _hfa(q.float(), k.float(), v.float(), offset, causal, window, scale)
+    out, lse = naive_hfa(q.float(), k.float(), v.float(), offset, causal, window, scale, lse=True)
     keep = q.dtype != torch.float32
     return out.to(q.dtype), lse, (out if keep else None)
 
@@ -41,25 +31,16 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
 def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     with torch.enable_grad():
         xs = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        o, _ = _hfa(*xs, offset, causal, window, scale)
-        grads = torch.autograd.grad(o, xs, dout.float())
+        grads = torch.autograd.grad(naive_hfa(*xs, offset, causal, window, scale), xs, dout.float())
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
-def _linear(q, k, v, offset, causal, window, norm, scale):
-    m = visible(q.size(-2), k.size(-2), offset, causal, window, q.device)
-    s = (q @ k.transpose(-1, -2)) * scale * m
-    if norm:
-        s = s / m.sum(-1, keepdim=True).clamp(min=1)
-    return s @ v
-
-
 def linear_forward(q, k, v, offset, causal, window, norm, scale):
-    return _linear(q.float(), k.float(), v.float(), offset, causal, window, norm, scale).to(q.dtype)
+    return naive_linear(q.float(), k.float(), v.float(), offset, causal, window, norm, scale).to(q.dtype)
 
 
 def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     with torch.enable_grad():
         xs = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        grads = torch.autograd.grad(_linear(*xs, offset, causal, window, norm, scale), xs, dout.float())
+        grads = torch.autograd.grad(naive_linear(*xs, offset, causal, window, norm, scale), xs, dout.float())
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))

@@ -12,6 +12,10 @@ pytest is invoked, and the session leaves no trace.
   a test that checks the offline probe itself takes these variables out for its subprocess).
 - Every test must leave torch's default dtype, its thread count and the environment as it
   found them (`_leaves_global_state_alone`); a test that changes one fails in its teardown.
+- `slow` marks the tests that start subprocesses (train.py, bench.py, compare.py, torchrun),
+  run the Triton interpreter or torch.compile, or compute for seconds (the experiments'
+  --quick runs, training loops); `make test-fast` leaves them out (`-m "not slow"`) and so
+  runs the model and kernel specification; `make test` (CI) runs everything.
 """
 import os
 import shutil
@@ -54,6 +58,11 @@ if os.path.isdir(_ranks):
     shutil.copytree(_ranks, SESSION_ENV['TIKTOKEN_CACHE_DIR'], dirs_exist_ok=True)
 
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: subprocesses, the Triton interpreter, torch.compile or seconds of '
+                                      'computing (left out by make test-fast)')
+
+
 def pytest_unconfigure(config):
     shutil.rmtree(SESSION_DIR, ignore_errors=True)
     os.environ.clear()
@@ -85,6 +94,17 @@ def pytest_collection_finish(session):
     changed = _changes(_STATE_AT_START, _state())
     if changed:
         raise pytest.UsageError(f"importing the test modules changed global state: {'; '.join(changed)}")
+
+
+@pytest.fixture(scope='module')
+def one_thread():
+    """Tiny tensors: one thread is faster and does not fight the other jobs on the machine
+    (a module's tests ask for it with pytestmark = pytest.mark.usefixtures('one_thread'))."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
-"""bench.py's command line, its one table, its memory measurement and the GPT-2-small
-training-step rows (at toy size on CPU; at full size on CUDA only)."""
+"""bench.py's command line, its one table, its memory measurement, the GPT-2-small
+training-step rows (at toy size on CPU; at full size on CUDA only), the table of every
+variant and a grid's seconds per step."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 import bench
-from model import GPT
+from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = dict(n_layer=4, n_head=2, n_embd=32, vocab=64, block_size=32)
@@ -27,12 +29,14 @@ def quick(tmp_path_factory):
     return r, json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_underscore_flags_are_taken(quick):
     _, records = quick
     assert {r['block_size'] for r in records if r['mode'] in ('attention', 'train_step')} == {16}
     assert {r['batch_size'] for r in records if r['mode'] == 'train_step'} == {2}
 
 
+@pytest.mark.slow
 def test_table_is_printed_once(quick):
     r, records = quick
     lines = r.stdout.splitlines()
@@ -41,10 +45,40 @@ def test_table_is_printed_once(quick):
     assert len(rows) == len(records)
 
 
-def test_peak_memory_is_never_negative(quick):
+@pytest.mark.slow
+def test_quick_covers_every_variant_and_mode(quick):
     _, records = quick
-    measured = [r['peak_mem_bytes'] for r in records if r['mode'] in ('attention', 'train_step')]
-    assert measured and all(m is not None and m >= 0 for m in measured)
+    keys = {'variant', 'mode', 'block_size', 'batch_size', 'tokens_per_s', 'peak_mem_bytes',
+            'flops_per_token', 'frac_of_matmul_peak'}
+    assert all(keys <= set(rec) for rec in records)
+    assert {'sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win', 'ha_ref', 'sdpa_min'} <= {r['variant'] for r in records}
+    assert {'attention', 'train_step', 'sample_cache', 'sample_nocache'} <= {r['mode'] for r in records}
+    assert not any(rec.get('error') for rec in records)
+
+
+@pytest.mark.slow
+def test_train_rows_rate_is_tokens_over_measured_time(quick):
+    _, records = quick
+    train = [rec for rec in records if rec['mode'] == 'train_step']
+    assert train and all(rec['flops_per_token'] > 0 and 0 < rec['frac_of_matmul_peak'] for rec in train)
+    for rec in train:  # the rate is the step's tokens over its measured time, not a constant
+        assert rec['tokens_per_s'] * rec['seconds_per_step'] == pytest.approx(rec['batch_size'] * rec['block_size'])
+
+
+@pytest.mark.slow
+def test_flops_are_the_models_own(quick):
+    _, records = quick
+    ha = next(r for r in records if r['variant'] == 'ha_ref' and r['mode'] == 'train_step')
+    cfg = bench.bench_config('ha', 16, argparse.Namespace(n_layer=1, n_head=2, n_embd=64, vocab=256, window1=128,
+                                                          window2=32))
+    assert ha['flops_per_token'] == GPT(cfg).flops_per_token(16)
+
+
+@pytest.mark.slow
+def test_sampling_rows_sample_the_same_tokens_with_and_without_cache(quick):
+    _, records = quick
+    sample = [rec for rec in records if rec['mode'].startswith('sample')]
+    assert len(sample) == 2 and all(rec['identical_tokens'] for rec in sample)
 
 
 @pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason='Linux /proc only')
@@ -71,7 +105,7 @@ def test_gpt2_step_row_at_toy_size(variant, keep_threads):
                                    peak_flops=1e9))
     ref = 'sa' if variant == 'sdpa_min' else variant
     assert rec['flops_per_token'] == GPT(bench.gpt2_config(ref, TOY)).flops_per_token(TOY['block_size'])
-    assert rec['tokens_per_s'] > 0 and rec['peak_mem_bytes'] >= 0
+    assert rec['tokens_per_s'] > 0
     assert rec['mfu'] == pytest.approx(rec['tokens_per_s'] * rec['flops_per_token'] / 1e9)
     assert rec['mode'] == 'gpt2_step' and rec['peak_flops_source'] == 'given'
 
@@ -92,3 +126,40 @@ def test_gpt2_step_compiled_on_cuda():
                                    dtype='bfloat16', batch_size=4, device='cuda', threads=1, min_time=0.1,
                                    min_iters=3))
     assert rec['mode'] == 'gpt2_step_compiled' and 0 < rec['mfu'] < 1 and rec['peak_mem_total_bytes'] > 0
+
+
+def test_ha_ref_row_runs_the_reference_kernel():
+    """ha_ref: the same HA model on its materialising definition (kernel='reference')."""
+    args = argparse.Namespace(n_layer=1, n_head=2, n_embd=16, vocab=32, window1=4, window2=2)
+    ref, ha = bench.bench_config('ha_ref', 8, args), bench.bench_config('ha', 8, args)
+    assert ref.kernel == 'reference' and ha.kernel == 'auto'
+    assert {k: v for k, v in vars(ref).items() if k != 'kernel'} == {k: v for k, v in vars(ha).items() if k != 'kernel'}
+
+
+def test_kernel_row_flops_are_the_models_own():
+    _, _, flops = bench.kernel_call('ha_win', 2, 3, 64, 16, torch.float32, 'cpu', window=(8, 4))
+    tuples = sum(min(i + 1, 8) * min(i + 1, 4) for i in range(64))
+    assert flops == pytest.approx(4 * 16 * 2 * 3 * tuples)
+
+
+def test_table_rows(keep_threads):
+    torch.set_num_threads(1)  # as bench.py --table does by default (--threads 1)
+    args = argparse.Namespace(table_only='sa,ha order 4', batch_size=2, device='cpu', table_steps=1)
+    records = bench.variant_table(args)
+    assert [r['variant'] for r in records] == ['sa', 'ha order 4']
+    for r in records:
+        model = GPT(GPTConfig(**{**bench.TABLE_SIZE, **bench.TABLE_VARIANTS[r['variant']]}))
+        assert (r['params'], r['flops_per_token']) == (model.get_num_params(), model.flops_per_token())
+    assert records[0]['tokens_per_s'] > 0 and records[1]['tokens_per_s'] is None  # order 4: not run
+
+
+def test_step_times_of_a_grid(tmp_path, keep_threads):
+    """--step_times takes a compare.py grid's arguments and writes OUT/step_times.json:
+    the median seconds per step of each variant, and every round's."""
+    out = tmp_path / 'grid'
+    bench.grid_step_times(['--config', 'config/compare_cpu.py', '--out', str(out), '--variants', 'sa,hfa',
+                           '--seeds', '1', '--n_layer=1', '--batch_size=2', '--block_size=16'], rounds=2)
+    result = json.loads((out / 'step_times.json').read_text())
+    assert set(result['seconds_per_step']) == {'sa', 'hfa'} and result['rounds'] == 2
+    for v, t in result['seconds_per_step'].items():
+        assert len(result['all_seconds'][v]) == 2 and min(result['all_seconds'][v]) <= t > 0

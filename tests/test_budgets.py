@@ -23,6 +23,7 @@ def test_the_gpu_configs_are_found():
     assert not names & {'cpu_sa', 'compare_cpu', 'quickstart', 'eval_gpt2', 'finetune_shakespeare'}
 
 
+@pytest.mark.slow  # sizes every run of a grid (ia_table: seconds)
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)
 def test_header_states_the_computed_budget(path):
     text = path.read_text()

@@ -62,6 +62,7 @@ def grid(tiny):
     return out, rc
 
 
+@pytest.mark.slow
 def test_grid_rows(grid):
     out, rc = grid
     assert rc == 0
@@ -94,6 +95,7 @@ def test_grid_rows(grid):
     assert (out / 'compare.png').stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_and_resumes_interrupted(grid, tiny, capsys):
     out, _ = grid
     runs = out / 'runs'
@@ -130,6 +132,7 @@ def test_rerun_skips_finished_and_resumes_interrupted(grid, tiny, capsys):
     assert [r['n_seeds'] for r in rows] == [2, 2]
 
 
+@pytest.mark.slow
 def test_failed_run_is_reported(tiny, capsys):
     out = tiny / 'broken'
     rc = compare.main(argv(tiny, '--variants', 'broken', '--seeds', '1', '--out', str(out),
@@ -180,6 +183,7 @@ def test_statistics():
     assert math.isnan(compare.welch_p([1.0], [2.0, 3.0]))
 
 
+@pytest.mark.slow
 def test_refuses_runs_made_with_other_settings(grid, tiny):
     out, _ = grid
     with pytest.raises(SystemExit, match='learning_rate'):

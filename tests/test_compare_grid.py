@@ -168,6 +168,7 @@ def ia_grid(tiny):
     return out, compare.main(argv), compare.parse_args(argv)
 
 
+@pytest.mark.slow
 def test_ia_table_grid_runs_every_variant_and_seed(ia_grid):
     out, rc, _ = ia_grid
     assert rc == 0
@@ -183,6 +184,7 @@ def test_ia_table_grid_runs_every_variant_and_seed(ia_grid):
                configs[v]['ha_window1'] == configs[v]['ha_window2'] == 64 for v in ('ha_share', 'ha_noshare'))
 
 
+@pytest.mark.slow
 def test_ia_table_grid_is_parameter_matched(ia_grid):
     """Variants that add weights get the head width (a multiple of 8) whose size is closest to
     SA's; ha_share has SA's count already."""

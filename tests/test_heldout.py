@@ -69,6 +69,7 @@ def test_tiling_windows_predict_each_token_once():
     assert len(set(targets.tolist())) == len(targets) == 96
 
 
+@pytest.mark.slow
 def test_report_loss_is_the_mean_loss_over_every_window_of_the_report_half(prepared, tmp_path):
     from model import GPT, GPTConfig
     out = tmp_path / 'run'

@@ -296,6 +296,7 @@ def save_ckpt(folder, model, itos, dataset=None):
                folder / 'ckpt.pt')
 
 
+@pytest.mark.slow
 def test_hand_set_sa_head_through_the_command_line(tmp_path):
     model, hand = hand_set_model()
     itos = list('abcdefgh')
@@ -386,6 +387,7 @@ def contrast(model, a, b, c, filler, ctx):
     return (y[0] - y[1] - y[2] + y[3]).item()
 
 
+@pytest.mark.slow
 def test_planted_three_way():
     """An HA model trained on planted three-way interactions reads as them; an SA model shows none.
 
@@ -455,6 +457,7 @@ def char_data(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_command_line_on_a_trained_ha_checkpoint(tmp_path, char_data):
     """train.py writes the checkpoint (2 layers, HA); the read-out of layer 1 covers the 6 most
     frequent characters, lists triples and writes its figures."""
@@ -476,6 +479,7 @@ def test_command_line_on_a_trained_ha_checkpoint(tmp_path, char_data):
         assert (tmp_path / 'rep' / name).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['linear', 'hfa_v2'])
 def test_command_line_on_each_variant(tmp_path, char_data, kind):
     cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=False, attention=kind)
@@ -490,6 +494,7 @@ def test_command_line_on_each_variant(tmp_path, char_data, kind):
         assert np.array(head['factors']).shape == (2, 16, 16) and len(head['factor_top_pairs']) == 2
 
 
+@pytest.mark.slow
 def test_command_line_on_gpt2_weights(tmp_path):
     """init_from: a tiny GPT-2 written by transformers' save_pretrained (GPT-2's 50257 tokens);
     the read-out covers the 40 most frequent tokens of a data folder."""
@@ -516,6 +521,7 @@ def test_command_line_on_gpt2_weights(tmp_path):
         ia.main([f'--init_from={tmp_path / "gpt2-tiny"}', f'--report_dir={tmp_path / "rep2"}'])
 
 
+@pytest.mark.slow
 def test_help_and_bad_inputs(tmp_path):
     """--help lists the flags; a bad input gives one line and exit status 2 (through the command
     line once), and each message says what to fix."""

@@ -33,6 +33,7 @@ def test_ringdist_and_target_match_brute_force():
     assert ca.ringdist(a, b, 360).tolist() == [1, 2, 1, 180]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["onehot", "sinusoidal"])
 @pytest.mark.parametrize("N,R,L", [(12, 1, 4), (24, 2, 7), (60, 3, 15), (360, 5, 20)])
 def test_devised_solution_is_exact(kind, N, R, L):
@@ -101,6 +102,7 @@ def load(out):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_colliding_agents_quick(tmp_path):
     ca.main(["--quick", "--out", str(tmp_path)])
     r = load(tmp_path)
@@ -117,6 +119,7 @@ def test_colliding_agents_quick(tmp_path):
         assert run["equivalence_msd"] < 1e-6
 
 
+@pytest.mark.slow
 def test_theory_limits_quick(tmp_path):
     theory_limits.main(["--quick", "--out", str(tmp_path)])
     r = load(tmp_path)
@@ -137,6 +140,7 @@ def test_theory_limits_quick(tmp_path):
         assert set(runs["linear_sa"]["test"]) == {"2", "4", "6"}
 
 
+@pytest.mark.slow
 def test_beyond_pairwise_quick(tmp_path):
     """Each task's winner, per seed, at equal attention parameters (quick run: 200 Adam steps).
     Measured: coupled features SA 0.76 / 0.45 vs HFA 0.005 / 0.019; three-way SA 0.23 / 0.26,

@@ -21,14 +21,14 @@ import pytest
 import torch
 
 import attention_kernels
-from attention_kernels import ops
 
 TRITON_ERROR = attention_kernels.load_triton()
 if TRITON_ERROR is None:  # module level: a Triton kernel reads its names from its module's globals
     import triton
     import triton.language as tl
     from attention_kernels.triton_common import factor_offset
-pytestmark = pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}')
+pytestmark = [pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}'),
+              pytest.mark.slow()]  # the Triton interpreter, compile_check.py, gpu_check.sh: make test, not make test-fast
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

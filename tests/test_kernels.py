@@ -1,29 +1,28 @@
 """
-The fast kernels against their definitions (float64, tiny sizes), and the KV cache.
+The PyTorch kernels against their definitions (float64, tiny sizes), and the KV cache.
 
 - the PyTorch HA kernels (blockwise, online softmax, recomputing backward; prefix sums without
-  softmax) == hyper_attention_reference (every tuple materialised): outputs and gradients of
+  softmax) == ha/naive.py (every tuple materialised): outputs and gradients of
   q, k1, k2, v1, v2, for causal / non-causal, windows, decoding offsets, odd block sizes.
-- HFA: the Kronecker-lift SDPA path == explicit scores, outputs and gradients.
+- HFA: the Kronecker-lift SDPA path == explicit scores == the definition; 'auto' picks by width.
+- SA: every form of SDPA the entry picks == the definition.
+- the model with kernel='reference' (every family's definition) == the model's own paths.
 - GPT.generate(use_cache=True) == recomputation, logits and sampled tokens, every variant.
-- bench.py --quick runs and writes its JSON.
 No timing assertions: timings live in bench.py and docs/performance.md.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from attention_kernels.ha.pytorch import _spans, hyper_attention_reference, linear_hyper_attention, pair_masks
-from attention_kernels.ops import hyper_attention as softmax_hyper_attention
-from model import GPT, GPTConfig, HFAHeads, KVCache
+from attention_kernels import hfa, sa
+from attention_kernels.ha.naive import naive_hyper_attention, slot_masks
+from attention_kernels.ha.ops import hyper_attention as softmax_hyper_attention
+from attention_kernels.ha.pytorch import _spans, linear_hyper_attention
+from attention_kernels.hfa.naive import naive_hfa
+from model import GPT, GPTConfig, KVCache
 
 DT = torch.float64
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def inputs(Tq, Tk, seed, B=2, H=2, dh=5):
@@ -33,8 +32,8 @@ def inputs(Tq, Tk, seed, B=2, H=2, dh=5):
 
 
 def reference(q, k1, k2, v1, v2, offset, causal, w1, w2, softmax):
-    masks = pair_masks(q.size(-2), k1.size(-2), offset, causal, w1, w2, q.device)
-    return hyper_attention_reference(q, [k1, k2], [v1, v2], masks, softmax=softmax)
+    masks = slot_masks(q.size(-2), k1.size(-2), offset, causal, (w1, w2), q.device)
+    return naive_hyper_attention(q, [k1, k2], [v1, v2], masks, softmax=softmax)
 
 
 def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2=0, softmax=True,
@@ -198,32 +197,114 @@ def test_ha_kernels_make_no_host_sync(windows):
 
 
 # -----------------------------------------------------------------------------
-# HFA: lifted SDPA == explicit scores
+# HFA: lifted SDPA == explicit scores == the definition
 
 @pytest.mark.parametrize('order', [2, 3])
 @pytest.mark.parametrize('values_product', [False, True])
-@pytest.mark.parametrize('causal,Tq,Tk,offset', [(True, 7, 7, 0), (True, 3, 9, 6), (True, 1, 9, 8), (False, 6, 6, 0)])
-def test_hfa_kron_equals_explicit(order, values_product, causal, Tq, Tk, offset):
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16, vocab_size=11, causal=causal, hfa_order=order)
-    heads = HFAHeads(cfg, 2, values_product).to(DT)
+@pytest.mark.parametrize('causal,Tq,Tk,offset,window', [(True, 7, 7, 0, 0), (True, 3, 9, 6, 0), (True, 1, 9, 8, 0),
+                                                        (False, 6, 6, 0, 0), (True, 7, 7, 0, 3), (True, 3, 9, 6, 4)])
+def test_hfa_paths_equal_definition(order, values_product, causal, Tq, Tk, offset, window):
     g = torch.Generator().manual_seed(Tq + order)
-    A, nv = order, (order if values_product else 1)
-    q = torch.randn(A, 2, 2, Tq, cfg.dh, generator=g, dtype=DT).requires_grad_()
-    k = torch.randn(A, 2, 2, Tk, cfg.dh, generator=g, dtype=DT).requires_grad_()
-    v = torch.randn(nv, 2, 2, Tk, cfg.dh, generator=g, dtype=DT).requires_grad_()
-    res = {}
-    for kron in (True, False):
-        heads.use_kron = kron
-        res[kron] = value_and_grads(lambda *t: heads.mix(*t, offset), [q, k, v], 4)
-    for a, b in zip(res[True], res[False]):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+    A, nv, dh = order, (order if values_product else 1), 4
+    q = torch.randn(A, 2, 2, Tq, dh, generator=g, dtype=DT).requires_grad_()
+    k = torch.randn(A, 2, 2, Tk, dh, generator=g, dtype=DT).requires_grad_()
+    v = torch.randn(nv, 2, 2, Tk, dh, generator=g, dtype=DT).requires_grad_()
+    want = value_and_grads(lambda q, k, v: naive_hfa(q, k, v.prod(0), offset, causal, window), [q, k, v], 4)
+    for kron, path in (('on', 'kron'), ('off', 'explicit')):
+        assert hfa.path(q, kron=kron, kernel='torch') == path
+        got = value_and_grads(lambda q, k, v: hfa.attention(q, k, v.prod(0), offset, causal, window, kron=kron,
+                                                            kernel='torch'), [q, k, v], 4)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11, msg=path)
 
 
 def test_hfa_auto_choice_follows_width():
-    """'auto' lifts only when dh^A <= kron_max_width (measured crossover, docs/performance.md)."""
-    small = HFAHeads(GPTConfig(n_layer=1, n_head=4, n_embd=64, hfa_kron='auto'), 4, False)   # dh=16: 256
-    wide = HFAHeads(GPTConfig(n_layer=1, n_head=2, n_embd=64, hfa_kron='auto'), 2, False)    # dh=32: 1024
-    assert small.use_kron and not wide.use_kron
+    """'auto' lifts only when dh^A <= KRON_MAX_WIDTH (measured crossover, docs/performance.md),
+    and only with the softmax."""
+    def q(A, dh):
+        return torch.zeros(A, 1, 1, 2, dh)
+    assert hfa.path(q(2, 16), kernel='torch') == 'kron'          # 256
+    assert hfa.path(q(2, 32), kernel='torch') == 'explicit'      # 1024
+    assert hfa.path(q(3, 6), kernel='torch') == 'kron'           # 216
+    assert hfa.path(q(2, 16), softmax=False, kernel='torch') == 'explicit'
+    assert hfa.path(q(2, 16), kernel='reference') == 'reference'
+
+
+@pytest.mark.parametrize('attention', ['sa', 'linear', 'hfa_v1', 'ha'])
+def test_attention_weight_dropout_only_while_training(attention):
+    """dropout drops attention weights while training (sa, linear, hfa: every path takes it),
+    never in eval; HA applies none (its kernels never form the weights)."""
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11, attention=attention, dropout=0.5)
+    torch.manual_seed(0)
+    heads = GPT(cfg).transformer.h[0].attn.groups[0]  # the heads alone: no residual dropout
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))
+    heads.eval()
+    want = heads(x)
+    heads.train()
+    got = [heads(x), heads(x)]
+    if attention == 'ha':
+        assert all(torch.equal(y, want) for y in got)
+    else:
+        assert not torch.allclose(got[0], got[1]) and not torch.allclose(got[0], want)
+
+
+# -----------------------------------------------------------------------------
+# SA: each form of SDPA == the definition
+
+@pytest.mark.parametrize('causal,Tq,Tk,offset,window', [
+    (True, 7, 7, 0, 0),    # the full causal square (is_causal)
+    (True, 1, 9, 8, 0),    # one query at the last position (no mask)
+    (True, 3, 9, 6, 0),    # a chunk after a prompt (mask)
+    (True, 7, 7, 0, 3),    # a window (mask)
+    (False, 6, 6, 0, 3),   # non-causal: every key, the window ignored (no mask)
+])
+def test_sa_forms_equal_definition(causal, Tq, Tk, offset, window):
+    g = torch.Generator().manual_seed(Tq)
+    x = [torch.randn(2, 2, T, 4, generator=g, dtype=DT).requires_grad_() for T in (Tq, Tk, Tk)]
+    got = value_and_grads(lambda *t: sa.attention(*t, offset, causal, window), x, 5)
+    want = value_and_grads(lambda *t: sa.naive_softmax(*t, offset, causal, window), x, 5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+# -----------------------------------------------------------------------------
+# the model on its definitions (kernel='reference') == the model on its own paths
+
+def tiny_gpt(kw, seed=0):
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=12, vocab_size=13, **kw)
+    torch.manual_seed(seed)
+    model = GPT(cfg).to(DT).eval()
+    with torch.no_grad():  # larger weights than GPT-2's init, so logits really differ by position
+        for p in model.parameters():
+            p.normal_(0, 0.4)
+    return model
+
+
+REFERENCE_VARIANTS = {
+    'sa': dict(attention='sa'),
+    'sa_window': dict(attention='sa', attn_window=3),
+    'sa_noncausal': dict(attention='sa', causal=False),
+    'linear_norm_window': dict(attention='linear', linear_norm=True, attn_window=3),
+    'hfa_v1_kron': dict(attention='hfa_v1'),
+    'hfa_v2_A3_explicit': dict(attention='hfa_v2', hfa_order=3, hfa_kron='off'),
+    'hfa_v1_nosoftmax_window': dict(attention='hfa_v1', softmax=False, attn_window=3),
+    'ha_windows': dict(attention='ha', ha_window1=4, ha_window2=2),
+    'ha_shared': dict(attention='ha', ha_share_kv=True),
+    'ha_nosoftmax': dict(attention='ha', softmax=False, ha_window2=3),
+}
+
+
+@pytest.mark.parametrize('name', list(REFERENCE_VARIANTS))
+def test_model_paths_equal_reference_kernel(name):
+    idx = torch.randint(0, 13, (2, 9), generator=torch.Generator().manual_seed(6))
+    res = {}
+    for kernel in ('torch', 'reference'):
+        model = tiny_gpt({**REFERENCE_VARIANTS[name], 'kernel': kernel})
+        logits, loss = model(idx, targets=idx)
+        loss.backward()
+        res[kernel] = [logits] + [p.grad for p in model.parameters()]
+    for a, b in zip(res['torch'], res['reference']):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
 # -----------------------------------------------------------------------------
@@ -246,16 +327,6 @@ VARIANTS = {
     'linear_window': dict(attention='linear', attn_window=3, linear_norm=True),
     'ha4_windowed': dict(attention='ha', ha_order=4, ha_window1=3, ha_window2=2),
 }
-
-
-def tiny_gpt(kw, seed=0):
-    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=12, vocab_size=13, **kw)
-    torch.manual_seed(seed)
-    model = GPT(cfg).to(DT).eval()
-    with torch.no_grad():  # larger weights than GPT-2's init, so logits really differ by position
-        for p in model.parameters():
-            p.normal_(0, 0.4)
-    return model
 
 
 @pytest.mark.parametrize('name', list(VARIANTS))
@@ -282,26 +353,3 @@ def test_generate_with_cache_samples_the_same_tokens(name):
         out[use_cache] = model.generate(prompt, 14, temperature=1.0, top_k=8, use_cache=use_cache)
     assert out[True].shape == (2, 17)
     assert torch.equal(out[True], out[False])
-
-
-# -----------------------------------------------------------------------------
-# bench.py
-
-def test_bench_quick_writes_json(tmp_path):
-    path = tmp_path / 'bench.json'
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), '--quick', '--out', str(path)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    records = json.loads(path.read_text())
-    keys = {'variant', 'mode', 'block_size', 'batch_size', 'tokens_per_s', 'peak_mem_bytes',
-            'flops_per_token', 'frac_of_matmul_peak'}
-    assert all(keys <= set(rec) for rec in records)
-    assert {'sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win', 'ha_ref', 'sdpa_min'} <= {r['variant'] for r in records}
-    assert {'attention', 'train_step', 'sample_cache', 'sample_nocache'} <= {r['mode'] for r in records}
-    assert not any(rec.get('error') for rec in records)
-    train = [rec for rec in records if rec['mode'] == 'train_step']
-    assert all(rec['tokens_per_s'] > 0 and rec['flops_per_token'] > 0 and 0 < rec['frac_of_matmul_peak']
-               for rec in train)
-    for rec in train:  # the rate is the step's tokens over its measured time, not a constant
-        assert rec['tokens_per_s'] * rec['seconds_per_step'] == pytest.approx(rec['batch_size'] * rec['block_size'])
-    assert all(rec['identical_tokens'] for rec in records if rec['mode'].startswith('sample'))

@@ -14,6 +14,8 @@ import torch
 
 from model import GPT, GPTConfig
 
+pytestmark = pytest.mark.slow()  # torch.compile: make test, not make test-fast
+
 VARIANTS = {
     'sa': dict(attention='sa'),
     'linear': dict(attention='linear', linear_norm=True),

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 
+pytestmark = pytest.mark.slow  # subprocesses: make test, not make test-fast
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 SNAPSHOT = '0123456789abcdef0123456789abcdef01234567'  # the cache's commit folder name
@@ -264,7 +265,7 @@ def test_wandb_is_imported_only_when_asked(char_data, tmp_path):
 # -- every command line has --help ----------------------------------------------------------
 
 COMMANDS = {c[-1]: c for c in (['train.py'], ['sample.py'], ['prepare_openwebtext.py'], ['prepare_shakespeare.py'],
-                                ['compare.py'], ['bench.py'], ['tools/bench_attention.py'],
+                                ['compare.py'], ['bench.py'],
                                 ['-m', 'experiments.colliding_agents'], ['-m', 'experiments.theory_limits'],
                                 ['-m', 'experiments.beyond_pairwise'], ['-m', 'experiments.random_features'])}
 

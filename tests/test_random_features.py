@@ -127,6 +127,7 @@ def quick(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_cli_quick_writes_results_and_figures(quick):
     out, res = quick
     assert {"config", "results", "claims", "wall_time_s", "note"} <= set(res)
@@ -141,6 +142,7 @@ def test_cli_quick_writes_results_and_figures(quick):
 # The claims as numbers, from the --quick run (N = 4, 16; M = 64; n up to 2048; 2 seeds). The
 # margins are about half the measured effects (docs/random_features.md has the default run).
 
+@pytest.mark.slow
 def test_quick_claim1_rfa_beats_rfmlp_and_the_gap_grows_with_N(quick):
     c = quick[1]["claims"]["claim1_rfa_fewer_samples_than_rfmlp_gap_grows_with_N"]
     gap, wins = c["gap_by_N"], c["rfa_win_fraction_by_N"]  # measured: gap 0.27 -> 0.47, wins 83% / 94%
@@ -149,6 +151,7 @@ def test_quick_claim1_rfa_beats_rfmlp_and_the_gap_grows_with_N(quick):
     assert c["holds"] is True
 
 
+@pytest.mark.slow
 def test_quick_claim2_brfa_helps_on_cos_not_on_beta_targets(quick):
     adv = quick[1]["claims"]["claim2_brfa_beats_rfa_on_dot_targets"]["brfa_advantage"]
     assert adv["cos"] > 0.1  # measured +0.21
@@ -156,6 +159,7 @@ def test_quick_claim2_brfa_helps_on_cos_not_on_beta_targets(quick):
     assert adv["dot3"] < -0.05  # measured -0.12: the exception the default run also shows
 
 
+@pytest.mark.slow
 def test_quick_claim3_degree_orders_beta_but_dot3_is_easier_than_dot2(quick):
     err = quick[1]["claims"]["claim3_higher_degree_needs_more_samples"]["mean_error_over_n"]
     for model, margin in (("RFA", 0.04), ("BRFA", 0.02)):  # measured +0.08, +0.04
@@ -163,6 +167,7 @@ def test_quick_claim3_degree_orders_beta_but_dot3_is_easier_than_dot2(quick):
     assert err["RFA"]["dot3"] < err["RFA"]["dot2"] - 0.2  # measured 0.30 vs 0.76
 
 
+@pytest.mark.slow
 def test_quick_without_constant_coordinate_parity_limits_the_span(quick):
     """Bias-free RFA: dot3 is orthogonal to its span (error ~1), dot2 has a mean it cannot
     represent (error >> 1), beta3 (even in x_0, odd in x_i) is fit."""
@@ -170,6 +175,7 @@ def test_quick_without_constant_coordinate_parity_limits_the_span(quick):
     assert 0.95 < nc["dot3"] < 1.1 and nc["dot2"] > 5 and nc["beta3"] < 0.1
 
 
+@pytest.mark.slow
 def test_claim_check_fails_on_a_wrong_result(quick):
     """Feed check_claims a result in which RFMLP is the better model: claim 1 must not hold."""
     res = json.loads(json.dumps(quick[1]["results"]))

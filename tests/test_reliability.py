@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # subprocesses: make test, not make test-fast
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 ITOS = list("abcdefghijklmnop")

@@ -81,6 +81,7 @@ def run(runs):
     return runs['dir'] / 'main', r.stdout
 
 
+@pytest.mark.slow
 def test_log_lines_print_mfu_against_the_given_peak(run):
     out, stdout = run
     fpt = json.loads((out / 'run.json').read_text())['flops_per_token']
@@ -91,6 +92,7 @@ def test_log_lines_print_mfu_against_the_given_peak(run):
         assert float(mfu) == pytest.approx(100 * fpt * float(tps.replace(',', '')) / 1e9, abs=slack)
 
 
+@pytest.mark.slow
 def test_log_jsonl_and_run_json_carry_mfu(run):
     out, _ = run
     info = json.loads((out / 'run.json').read_text())
@@ -101,6 +103,7 @@ def test_log_jsonl_and_run_json_carry_mfu(run):
         assert 0 < r['mfu'] == pytest.approx(info['flops_per_token'] * r['tokens_per_s'] / 1e9, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_first_step_is_timed_apart(run):
     """tokens/s counts the timed steps only: every step but the session's first."""
     out, stdout = run
@@ -112,6 +115,7 @@ def test_first_step_is_timed_apart(run):
     assert final['tokens_per_s'] == pytest.approx(9 * 2 * 4 * 16 / timed, rel=0.01)
 
 
+@pytest.mark.slow
 def test_resumed_session_times_its_first_step_apart_too(runs):
     r, out = runs['two_resumed'], runs['dir'] / 'two'
     assert r.returncode == 0, r.stdout + r.stderr
@@ -121,6 +125,7 @@ def test_resumed_session_times_its_first_step_apart_too(runs):
     assert jsonl(out / 'log.jsonl')[-1]['tokens_per_s'] == pytest.approx(6 * 2 * 4 * 16 / timed, rel=0.01)
 
 
+@pytest.mark.slow
 def test_compile_notice_comes_before_the_first_step(runs):
     r = runs['compile']
     assert r.returncode == 0, r.stdout + r.stderr
@@ -128,6 +133,7 @@ def test_compile_notice_comes_before_the_first_step(runs):
     assert notice < r.stdout.index('iter 0:')
 
 
+@pytest.mark.slow
 def test_nonfinite_before_any_checkpoint_says_none_was_saved(runs):
     """From scratch, lr 1e30: non-finite at iteration 1, before any save. The message must not
     claim a good checkpoint, and an older ckpt.pt in out_dir (another run's) is left alone."""
@@ -161,6 +167,7 @@ def test_cuda_steps_do_not_sync_the_host(data, tmp_path):
     assert res[0][0] is not None and res[0][0] == res[1][0], [c for c, _, _ in res]
 
 
+@pytest.mark.slow  # imports tools/train_smoke.py and writes its token files: seconds
 def test_train_smoke_runs_what_is_asked_without_numpy(tmp_path):
     """tools/train_smoke.py (a GPU check): `--only sa` runs sa itself, not a merged twin; its
     schedule never divides by zero (--iters 2); it imports no numpy at the top (the GPU

@@ -3,7 +3,7 @@
     logit[i, j1, j2] = scale * sum_s q[i,s] k1[j1,s] k2[j2,s],  one softmax over the visible
     pairs, out[i] = sum P[i, j1, j2] v1[j1] * v2[j2];  query i at position offset + i.
 
-The reference below materialises every pair in float64. Without CUDA the kernels run on CPU
+The reference (attention_kernels/ha/naive.py) materialises every pair in float64. Without CUDA the kernels run on CPU
 under Triton's interpreter. TRITON_INTERPRET is read when a function is decorated, triton's
 own library included, so it must be set before triton is first imported: the kernels run in
 a child process started with it, and this process's environment is left as it was.
@@ -15,7 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attention_kernels.ha.naive import naive_ha3 as reference
+
 pytest.importorskip('triton')
+pytestmark = pytest.mark.slow()  # the Triton interpreter in a child process: make test, not make test-fast
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA GPU')
@@ -68,36 +71,6 @@ def tha():
 
 # -----------------------------------------------------------------------------
 # the definition
-
-def visible(pos, keys, causal, window):
-    """(len(pos), len(keys)) bool: key position j visible from query position p."""
-    if not causal:
-        return torch.ones(len(pos), len(keys), dtype=torch.bool, device=pos.device)
-    m = keys[None, :] <= pos[:, None]
-    if window:
-        m &= pos[:, None] - keys[None, :] < window
-    return m
-
-
-def reference(q, k1, k2, v1, v2, offset, causal, w1, w2, scale, key_start=(0, 0)):
-    """out (N, Tq, dh), lse (N, Tq) from every pair; k1/v1 hold key positions
-    key_start[0] + arange, k2/v2 key_start[1] + arange. A query with no visible pair has
-    out 0, lse -inf and zero gradients."""
-    N, Tq, dh = q.shape
-    dev = q.device
-    pos = torch.arange(Tq, device=dev) + offset
-    m1 = visible(pos, torch.arange(k1.size(1), device=dev) + key_start[0], causal, w1)
-    m2 = visible(pos, torch.arange(k2.size(1), device=dev) + key_start[1], causal, w2)
-    mask = (m1[:, :, None] & m2[:, None, :]).flatten(1)                  # (Tq, T1*T2)
-    seen = mask.any(1)
-    logit = scale * torch.einsum('nis,njs,nks->nijk', q, k1, k2).flatten(2)
-    logit = logit.masked_fill(~mask, float('-inf'))
-    logit = torch.where(seen[:, None], logit, torch.zeros_like(logit))   # empty rows: no nan
-    P = logit.softmax(-1) * seen[:, None]
-    out = torch.einsum('nijk,njd,nkd->nid', P.view(N, Tq, k1.size(1), k2.size(1)), v1, v2)
-    lse = torch.where(seen, logit.logsumexp(-1), torch.tensor(float('-inf'), dtype=q.dtype, device=dev))
-    return out, lse
-
 
 def reference_grads(ins, dout, *geo):
     """float64 (out, lse, (dq, dk1, dk2, dv1, dv2)); shared K/V: ins[2] is ins[1], etc."""

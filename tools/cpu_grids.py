@@ -13,10 +13,10 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   SA's step time on this CPU) and SA at half its rate, main_seeds seeds 3 and 4 of SA and
   its closest cheap rivals; tools/grid_report.py pools them into one table.
 - step_times: seconds per training step of every variant, measured in one process under one
-  load (tools/step_times.py), for comparisons at equal time.
+  load (bench.py --step_times), for comparisons at equal time.
 - main_flops / main_time: each variant trained for as many iterations as give SA's training
   FLOPs / SA's training seconds in main (1000 iterations), with its own cosine schedule;
-  seconds per step come from tools/step_times.py (grids/main/step_times.json), measured
+  seconds per step come from bench.py --step_times (grids/main/step_times.json), measured
   with every variant under the same load.
 - milton, bpe: main's learning rates, on a second corpus and on GPT-2 tokens.
 `python tools/grid_report.py` turns the results into RESULTS.md's tables and figures.
@@ -102,7 +102,7 @@ def main_cost(kind):
     else:
         path = GRIDS / 'main' / 'step_times.json'
         if not path.exists():
-            sys.exit(f"{path} not found: run tools/step_times.py on the main grid first (see RESULTS.md)")
+            sys.exit(f"{path} not found: run `python tools/cpu_grids.py step_times` first (see RESULTS.md)")
         per_iter = json.loads(path.read_text())['seconds_per_step']
     return per_iter
 
@@ -141,7 +141,7 @@ def _grid(name, only):
         return {**{v: over for v, over in tuned.items() if v in HA}, **half_rate(tuned, ['sa'])}, 3, {}
     if name == 'main_seeds':  # seeds 3 and 4 where main's gaps are smallest (grid_report pools them with main's)
         return {v: {**over, 'seeds': '3,4'} for v, over in tuned.items() if v in MORE_SEEDS}, 3, {}
-    if name == 'every_variant':  # for tools/step_times.py: one step of each, no training
+    if name == 'every_variant':  # for bench.py --step_times: one step of each, no training
         return tuned, 1, {}
     if name in ('main_flops', 'main_time'):
         cost = main_cost(name.split('_')[1])
@@ -222,9 +222,9 @@ def main():
     names = ORDER if a.grid == 'all' else [a.grid]
     for name in names:
         if name == 'step_times' or (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
-            step_cmd = command('every_variant', a.jobs) + ['--rounds=7']
-            step_cmd[1] = 'tools/step_times.py'
-            step_cmd[step_cmd.index('--out') + 1] = 'grids/main'
+            grid_args = command('every_variant', a.jobs)[2:]  # compare.py's arguments, without the script
+            grid_args[grid_args.index('--out') + 1] = 'grids/main'
+            step_cmd = [sys.executable, 'bench.py', '--rounds', '7', '--step_times'] + grid_args
             print('+', ' '.join(step_cmd), flush=True)
             if not a.dry_run:
                 subprocess.run(step_cmd, cwd=ROOT, check=True)

@@ -1,14 +1,12 @@
 """
-HyperAttention kernels in PyTorch ([IA] Def 6.1, App. F): softmax over tuples of keys.
+HyperAttention of order 3 in PyTorch ([IA] Def 6.1, App. F): softmax over pairs of keys,
 
-    logit[i, j1, .., jn] = sum_s Q[i,s] K1[j1,s] ... Kn[jn,s] / sqrt(dh)
-    out[i]               = sum_{j1..jn} softmax(logit[i])[j1..jn] V1[j1] * ... * Vn[jn]
+    logit[i, j1, j2] = sum_s Q[i,s] K1[j1,s] K2[j2,s] / sqrt(dh)
+    out[i]           = sum_{j1,j2} softmax(logit[i])[j1,j2] V1[j1] * V2[j2],
 
-`hyper_attention_reference` materialises every tuple (O(Tq Tk^n) memory): it is the
-definition, for any order, used for order >= 4 and as a check.
+computed without the Tq x Tk x Tk tensor of naive.py's definition.
 
-`ha3_forward` / `ha3_backward` are order 3 (pairs of keys), exact, and never build a
-Tq x Tk x Tk tensor (attention_kernels/ops.py makes them one autograd op, `hyper_attention`):
+`ha3_forward` / `ha3_backward` are exact (ops.py makes them one autograd op, `hyper_attention`):
 
 - flash-attention style. For a block of bq queries and a block of b1 first keys, the
   logits against every visible second key are ONE matmul,
@@ -32,35 +30,10 @@ import math
 
 import torch
 
-from attention_kernels.masks import visible
-
 # exp of arguments below this floor is denormal or zero in float32, which CPUs compute
 # ~30x slower; the floor's own weight, 5e-38, is far below the precision of any row sum
 # (which holds exp(0) = 1), and hidden pairs are zeroed exactly after the exp.
 EXP_FLOOR = math.log(torch.finfo(torch.float32).tiny) + 1.0
-
-
-def hyper_attention_reference(q, ks, vs, masks, softmax=True):
-    """q (B, H, Tq, dh); ks, vs lists of n tensors (B, H, Tk, dh); masks a list of n bool
-    (Tq, Tk): key slot a of query i may hold j iff masks[a][i, j]. A tuple is visible iff
-    every slot is. softmax=False weighs each tuple by its raw logit (linear HA)."""
-    n, dh = len(ks), q.size(-1)
-    slots = 'klmnopqr'[:n]
-    logit = torch.einsum(f"bhis,{','.join(f'bh{c}s' for c in slots)}->bhi{slots}", q, *ks) * dh ** -0.5
-    m = masks[0]
-    for a in range(1, n):  # outer "and" over the slots: (Tq, Tk, Tk, ...)
-        m = m.unsqueeze(-1) & masks[a].view(masks[a].size(0), *([1] * a), masks[a].size(1))
-    if softmax:
-        w = logit.masked_fill(~m, float('-inf')).flatten(3).softmax(-1).view_as(logit)
-        w = w.nan_to_num(0.0)  # a query with no visible tuple: 0, as the kernels
-    else:
-        w = logit * m
-    return torch.einsum(f"bhi{slots},{','.join(f'bh{c}d' for c in slots)}->bhid", w, *vs)
-
-
-def pair_masks(n_q, n_k, offset, causal, window1, window2, device):
-    return [visible(n_q, n_k, offset, causal, window1, device),
-            visible(n_q, n_k, offset, causal, window2, device)]
 
 
 def default_blocks(Tq, window2):
