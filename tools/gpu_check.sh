@@ -12,8 +12,8 @@
 #     bash tools/gpu_check.sh --dry      # the plan: every section, its limit, the total
 #     OUT=/some/dir PYTHON=python3 BUDGET=480 bash tools/gpu_check.sh
 #
-# Needs python3 with torch and triton only (no pytest: tools/minitest.py runs the tests; no
-# numpy, no datasets, no network). Every section has a time limit, capped by what is left of
+# Needs python3 with torch and triton (and pytest for the kernel tests; no numpy, no
+# datasets, no network). Every section has a time limit, capped by what is left of
 # BUDGET seconds; every case writes its result as it finishes (JSON lines, logs flushed per
 # test), so a section that is killed still returns what it did. $OUT/gpu_check.json lists
 # the sections (status, exit code, seconds) and is rewritten after each one.
@@ -149,12 +149,9 @@ section train_smoke "$PYTHON" tools/train_smoke.py --iters 10 --timeout 50 --out
 
 # --- 4. CUDA kernel tests (each test's result on its own line as it finishes) -------------
 KERNEL_TESTS="tests/test_triton_ha.py tests/test_kernels_triton.py tests/test_kernel_guards.py"
-if "$PYTHON" -c "import pytest" 2>/dev/null; then
-    section kernel_tests "$PYTHON" -m pytest -v -p no:cacheprovider -k "cuda or fallback" $KERNEL_TESTS \
-        --junitxml="$OUT/kernel_tests.xml"
-else
-    section kernel_tests "$PYTHON" tools/minitest.py $KERNEL_TESTS --json "$OUT/kernel_tests.json"
-fi
+# (the GPU image has pytest; elsewhere: pip install pytest, or skip this section)
+section kernel_tests "$PYTHON" -m pytest -v -p no:cacheprovider -k "cuda or fallback" $KERNEL_TESTS \
+    --junitxml="$OUT/kernel_tests.xml"
 
 # --- 5. the training loop: host-device syncs as many for 16 steps as for 6 ----------------
 section train_sync "$PYTHON" tools/train_smoke.py --sync_check
