@@ -117,3 +117,56 @@ def test_write_refreshes_marked_tables_only(tmp_path):
     doc.write_text('<!-- table nope -->\nx\n<!-- /table -->\n')  # a grid not run: left as it is
     assert grid_report.write_results(doc, {'main': '| new |'}) == []
     assert doc.read_text() == '<!-- table nope -->\nx\n<!-- /table -->\n'
+
+
+# -- the long study's statistics ------------------------------------------------------
+
+def _long_row(name, finals_by_seed, gaps=None, iters=(0, 100, 200, 300, 400, 500, 600)):
+    """A report_split row: report-half finals per seed, selection-half curves (loss = final + gap(t))."""
+    gaps = gaps or {}
+    curve = lambda s, x: [(i * 8, x + gaps.get(s, lambda t: 0.0)(i), i, x) for i in iters]
+    return {'variant': f'{name}_lr8e-3', 'runs': [{'seed': s, 'report_loss': x} for s, x in finals_by_seed.items()],
+            'curves': {str(s): curve(s, x) for s, x in finals_by_seed.items()}}
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    assert grid_report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert grid_report.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_paired_difference_is_seed_against_seed():
+    a = _long_row('ha', {0: 1.70, 1: 1.72, 2: 1.71})
+    b = _long_row('sa', {0: 1.75, 1: 1.74, 2: 1.77, 3: 1.9})  # seed 3 has no partner: left out
+    seeds, d, mean, half, p = grid_report.paired(a, b)
+    assert seeds == [0, 1, 2] and d == pytest.approx([-0.05, -0.02, -0.06])
+    assert mean == pytest.approx(-0.13 / 3)
+    assert p == pytest.approx(stats.ttest_rel([1.70, 1.72, 1.71], [1.75, 1.74, 1.77]).pvalue)
+
+
+def test_settle_rule_sees_a_gap_that_is_still_closing():
+    flat = {0: 1.0, 1: 1.1, 2: 1.2}
+    a = _long_row('ha', flat, gaps={s: (lambda t, s=s: 0.001 * s * (t % 200 == 0)) for s in flat})
+    b = _long_row('sa', {s: x - 0.02 for s, x in flat.items()})
+    assert grid_report.settle(a, b)['settled']  # a constant gap of +0.02, a little noise
+    closing = {s: (lambda t, s=s: 0.1 * (1 - t / 600) * (1 + 0.1 * s)) for s in flat}
+    a = _long_row('ha', flat, gaps=closing)
+    st = grid_report.settle(a, b)
+    assert not st['settled'] and st['verdict'].startswith('not settled: gap closing at')
+    assert st['slope'] == pytest.approx(-0.1 / 0.6 * 1.1, rel=1e-6)
+
+
+def test_settle_rule_sees_an_order_change_in_the_last_half():
+    flat = {0: 1.0, 1: 1.0, 2: 1.0}
+    late = {s: (lambda t: -0.05 if t < 400 else 0.0) for s in flat}  # a behind b until iteration 400
+    a = _long_row('ha', flat, gaps=late)
+    b = _long_row('sa', {s: x - 0.01 for s, x in flat.items()})
+    st = grid_report.settle(a, b)
+    assert st['last_flip'] == 400 and st['verdict'] == 'not settled: order changed at iteration 400'
+
+
+def test_a_stall_is_far_above_the_other_seeds_and_a_straggler_is_not():
+    sa = {0: 1.803, 1: 1.970, 2: 1.805, 3: 1.796, 4: 1.811}  # the main grid's SA at 8e-3
+    assert grid_report.stalled_seeds(sa) == [1]
+    tight = {0: 1.790, 1: 1.792, 2: 1.791, 3: 1.815}  # 0.024 above: within the 0.05 floor
+    assert grid_report.stalled_seeds(tight) == []
+    assert grid_report.stalled_seeds({0: 1.8, 1: float('nan'), 2: 1.81}) == [1]

@@ -150,6 +150,11 @@ def _grid(name, only):
             iters = max(1, round(MAIN_ITERS * cost['sa'] / cost[v]))  # SA's budget, spent at v's cost
             variants[v] = {**over, 'max_iters': iters, 'lr_decay_iters': iters}
         return variants, 3, {}
+    if name == 'milton_more':  # HFA's half-rate control on Milton, as SA, windowed SA and HA have (pooled into milton)
+        return half_rate(tuned, ['hfa2_pm']), 3, dict(dataset='milton_char')
+    if name == 'bpe_more':  # SA's half-rate control on GPT-2 tokens, one seed as HA's (pooled into bpe)
+        return {v: {**o, 'seeds': 1} for v, o in half_rate(tuned, ['sa']).items()}, 3, \
+            dict(dataset='shakespeare', batch_size=16, max_iters=500, lr_decay_iters=500)
     if name == 'milton':
         return {**{v: tuned[v] for v in SECOND if v in tuned}, **half_rate(tuned, ['sa', 'sa_w16', 'ha_share_w'])}, 3, dict(dataset='milton_char')
     if name == 'bpe':  # GPT-2 tokens: the 50,304-way output layer dominates, so half the batch and iterations
@@ -191,8 +196,8 @@ def long_choice():
     return {v: min((p for p in finals if p.split('_lr')[0] == v), key=finals.get) for v in LONG}
 
 
-ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'bpe', 'main_flops', 'main_time',
-         'long', 'long3k', 'long1k']
+ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
+         'main_flops', 'main_time', 'long', 'long3k', 'long1k']
 
 
 def command(name, jobs, only=None, collect_only=False):

@@ -34,6 +34,7 @@ NAMES = {  # how each variant reads in a table
     'hybrid': '2 SA + 2 HFA heads', 'sa_lr4e-3': 'SA at half its best rate (4e-3)',
     'ha_share_w_lr8e-3': 'HA shared, windows 16 x 8, at half its best rate (8e-3)',
     'sa_w16_lr4e-3': 'SA, window 16, at half its best rate (4e-3)',
+    'hfa2_pm_lr2e-3': 'HFA A=2, params matched, at half its best rate (2e-3)',
 }
 
 
@@ -54,6 +55,8 @@ def load(grid):
             if r['variant'] in rows:
                 rows[r['variant']] = pooled(rows[r['variant']], r)
         rows.update(load('main_ha') or {})
+    if grid in ('milton', 'bpe'):  # controls added later, with the same settings and seeds
+        rows.update(load(f'{grid}_more') or {})
     return rows
 
 
@@ -146,7 +149,8 @@ RATES = [('sa_lr4e-3', 'sa'), ('ha_share_w_lr8e-3', 'ha_share_w'), ('sa_w16', 's
          ('hfa2_pm', 'sa_lr4e-3'), ('ha_share_w', 'sa_lr4e-3'), ('ha_noshare_w', 'sa_lr4e-3'),
          ('ha_share_w_lr8e-3', 'sa_lr4e-3'), ('ha_share_w_lr8e-3', 'sa'),
          ('sa_w16_lr4e-3', 'sa_w16'), ('sa_w16_lr4e-3', 'sa_lr4e-3'), ('ha_share_w_lr8e-3', 'sa_w16_lr4e-3'),
-         ('hfa2_pm', 'sa_w16_lr4e-3')]  # the half-rate controls
+         ('hfa2_pm', 'sa_w16_lr4e-3'), ('hfa2_pm_lr2e-3', 'hfa2_pm'), ('hfa2_pm_lr2e-3', 'sa_lr4e-3'),
+         ('hfa2_pm_lr2e-3', 'sa_w16_lr4e-3'), ('ha_share_w_lr8e-3', 'hfa2_pm_lr2e-3')]  # the half-rate controls
 HFA_ORDER = [('hfa2_pm', 'sa'), ('hfa4_pm', 'sa'), ('hfa4_pm', 'hfa2_pm'), ('hfa', 'hfa2_pm')]
 
 
@@ -282,6 +286,311 @@ def equal_compute_table(grids, verdicts, step_times):
     return '\n'.join(lines)
 
 
+def document_tests(grids):
+    """Every Welch test this file reports for the 1000-iteration grids (each table's p vs SA
+    and each pair table's p), once each: [(grid, a, b, p)]."""
+    tests, seen = [], set()
+
+    def add(g, rows, a, b):
+        if a in rows and b in rows and (g, a, b) not in seen and min(len(finals(rows[a])), len(finals(rows[b]))) >= 2:
+            seen.add((g, a, b))
+            tests.append((g, a, b, compare.welch_p(finals(rows[a]), finals(rows[b]))))
+    for g in ('main', 'main_flops', 'early', 'milton', 'bpe'):
+        rows = grids.get(g)
+        if not rows:
+            continue
+        if g == 'main_flops':
+            rows = {REF: grids['main'][REF], **rows}
+        for v in rows:
+            add(g, rows, v, REF)
+        for a, b in (LOCALITY + HFA_ORDER + RATES if g == 'main' else RATES):
+            add(g, rows, a, b)
+    return tests
+
+
+def stall_table(rows):
+    """Per variant: the seeds the stall rule flags (final val loss), and the mean and median
+    with and without them."""
+    lines = ['| variant | seeds | final val loss per seed | stalled | mean | median | mean without stalled |',
+             '|---|---|---|---|---|---|---|']
+    for v, r in rows.items():
+        f = {x['seed']: x['val_loss'] for x in r['runs']}
+        st = stalled_seeds(f) if len(f) >= 3 else []
+        kept = [x for s, x in f.items() if s not in st]
+        lines.append(f"| `{v}` | {len(f)} | {', '.join(f'{x:.3f}' for x in f.values())} | {', '.join(map(str, st)) or 'none'} "
+                     f"| {np.mean(list(f.values())):.4f} | {np.median(list(f.values())):.4f} | "
+                     + (f'{np.mean(kept):.4f}' if st else '-') + ' |')
+    return '\n'.join(lines)
+
+
+def without_stalls(rows):
+    """The rows with every stalled seed left out (the rule of stalled_seeds, on final val loss)."""
+    out = {}
+    for v, r in rows.items():
+        f = {x['seed']: x['val_loss'] for x in r['runs']}
+        st = set(stalled_seeds(f)) if len(f) >= 3 else set()
+        out[v] = {**r, 'runs': [x for x in r['runs'] if x['seed'] not in st],
+                  'curves': {s: c for s, c in r['curves'].items() if int(s) not in st},
+                  'seeds': [s for s in r['seeds'] if s not in st], 'n_seeds': r['n_seeds'] - len(st)}
+    return out
+
+
+def corrections_table(grids):
+    """The tests of document_tests with p < 0.05, and what is left of each after Holm's
+    correction over all of them."""
+    tests = document_tests(grids)
+    adjusted = holm([p for *_, p in tests])
+    lines = [f'{len(tests)} Welch tests in the tables of the 1000-iteration grids; {sum(p < 0.05 for *_, p in tests)} '
+             f'have p < 0.05 on their own, {sum(q < 0.05 for q in adjusted)} after Holm\'s correction over all {len(tests)}.',
+             '', '| grid | a | b | p | p, Holm over the file | survives |', '|---|---|---|---|---|---|']
+    for (g, a, b, p), q in sorted(zip(tests, adjusted), key=lambda t: t[0][3]):
+        if p < 0.05:
+            lines.append(f'| {g} | `{a}` | `{b}` | {fmt_p(p)} | {fmt_p(q)} | {"yes" if q < 0.05 else "no"} |')
+    return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------
+# the long study: report-half losses, paired seeds, a settle rule that sees gaps, stalls, Holm
+
+def report_finals(row):
+    """{seed: final loss on the report half} of a report_split row."""
+    return {r['seed']: r['report_loss'] for r in row['runs']}
+
+
+def paired(a, b):
+    """Seed k of a against seed k of b (the same data order): (seeds, differences a - b,
+    mean, 95% t-interval half-width, two-sided paired t-test p)."""
+    from scipy import stats
+    fa, fb = report_finals(a), report_finals(b)
+    seeds = sorted(set(fa) & set(fb))
+    d = np.array([fa[s] - fb[s] for s in seeds])
+    if len(d) < 2:
+        return seeds, d, float(d.mean()) if len(d) else float('nan'), float('nan'), float('nan')
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return seeds, d, float(d.mean()), float(half), float(stats.ttest_1samp(d, 0.0).pvalue)
+
+
+def welch_interval(x, y):
+    """Mean difference x - y, the half-width of its 95% Welch interval, and Welch's p."""
+    from scipy import stats
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    dof = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
+    return float(x.mean() - y.mean()), float(stats.t.ppf(0.975, dof) * math.sqrt(va + vb)), compare.welch_p(x, y)
+
+
+def holm(pvalues):
+    """Holm's step-down adjustment of a family of p-values (same order as given): the k-th
+    smallest is multiplied by (m - k + 1), and adjusted values never decrease with rank."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def gap_curves(a, b):
+    """Evaluation iterations and the per-seed gap a - b of the selection-half loss at each."""
+    seeds = sorted(set(a['curves']) & set(b['curves']), key=int)
+    n = min(len(row['curves'][s]) for s in seeds for row in (a, b))
+    iters = np.array([p[2] for p in a['curves'][seeds[0]][:n]])
+    gap = np.array([[pa[1] - pb[1] for pa, pb in zip(a['curves'][s][:n], b['curves'][s][:n])] for s in seeds])
+    return iters, gap
+
+
+SETTLE_ALPHA = 0.05
+
+
+def settle(a, b):
+    """The settle rule of RESULTS.md for a pair: settled when (1) the sign of the mean gap
+    (over seeds, selection half) has not changed over the last half of training, and (2) the
+    gap's slope over the last third is not distinguishable from zero: each seed's gap is fitted
+    by least squares against iteration over the last third, and the seeds' slopes are tested
+    against zero with a one-sample t-test (seeds are independent; evaluations within a run are
+    not), two-sided, at SETTLE_ALPHA. Returns a dict: settled, the last sign change of the
+    mean gap, the mean slope per 1000 iterations with its 95% interval and p, and a verdict."""
+    from scipy import stats
+    iters, gap = gap_curves(a, b)
+    mean = gap.mean(0)
+    flips = [int(iters[e]) for e in range(1, len(iters)) if np.sign(mean[e]) != np.sign(mean[e - 1])]
+    last_flip = flips[-1] if flips else None
+    end = iters[-1]
+    order_stable = last_flip is None or last_flip <= end / 2
+    tail = iters >= end * 2 / 3
+    slopes = np.array([np.polyfit(iters[tail], g[tail], 1)[0] * 1000 for g in gap])
+    if len(slopes) > 1:
+        p = float(stats.ttest_1samp(slopes, 0.0).pvalue)
+        half = float(stats.t.ppf(0.975, len(slopes) - 1) * slopes.std(ddof=1) / math.sqrt(len(slopes)))
+    else:
+        p, half = float('nan'), float('nan')
+    slope = float(slopes.mean())
+    flat = not (p < SETTLE_ALPHA)
+    closing = np.sign(slope) != np.sign(mean[-1])
+    if order_stable and flat:
+        verdict = 'settled'
+    elif not order_stable:
+        verdict = f'not settled: order changed at iteration {last_flip}'
+    else:
+        verdict = f"not settled: gap {'closing' if closing else 'opening'} at {abs(slope):.3f} per 1000 its"
+    return {'settled': order_stable and flat, 'last_flip': last_flip, 'slope': slope, 'slope_half': half,
+            'slope_p': p, 'verdict': verdict, 'end': int(end)}
+
+
+STALL_STDS, STALL_FLOOR = 5.0, 0.01
+
+
+def stalled_seeds(finals_by_seed):
+    """Seeds whose final loss sits more than STALL_STDS standard deviations of the other seeds
+    above the other seeds' median (the std floored at STALL_FLOOR, so that a gap below 0.05
+    nats is never called a stall), or is not finite. Needs 3 or more seeds."""
+    out = []
+    for s, x in finals_by_seed.items():
+        others = np.array([y for t, y in finals_by_seed.items() if t != s and np.isfinite(y)])
+        if not np.isfinite(x):
+            out.append(s)
+        elif len(others) >= 2 and x - np.median(others) > STALL_STDS * max(others.std(ddof=1), STALL_FLOOR):
+            out.append(s)
+    return sorted(out)
+
+
+def long_grids():
+    """{length: {variant: row}} of the long study's grids (each run at its variant's chosen rate)."""
+    out = {}
+    for grid, iters in (('long1k', 1000), ('long3k', 3000), ('long', LONG_ITERS)):
+        path = GRIDS / grid / 'results.json'
+        if not path.exists():
+            continue
+        rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
+        out[iters] = {r.rsplit('_lr', 1)[0]: r for r in rows.values()}
+    return out
+
+
+LONG_ITERS = 6000
+
+
+def plot_long(longs):
+    """Selection-half loss of the long study's variants against iteration, at each length
+    (mean over seeds, band: min..max), one panel per length and a zoom on the last half."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    lengths = sorted(longs)
+    fig, axes = plt.subplots(1, len(lengths) + 1, figsize=(5.5 * (len(lengths) + 1), 4.3), squeeze=False)
+    for ax, length in zip(axes[0], lengths + [max(lengths)]):
+        zoom = ax is axes[0][-1]
+        for v, r in longs[length].items():
+            iters, val, _ = curves(r)
+            keep = iters >= (length / 2 if zoom else 100)
+            line, = ax.plot(iters[keep], val.mean(0)[keep], label=f'{v} (n={len(val)})', lw=1.3)
+            ax.fill_between(iters[keep], val.min(0)[keep], val.max(0)[keep], color=line.get_color(), alpha=0.15)
+        ax.set_title(f'{length} iterations' + (': last half' if zoom else ''))
+        ax.set_xlabel('iteration')
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel('selection-half loss (nats/char)')
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(ASSETS / 'grid_long.png', dpi=100)
+    plt.close(fig)
+
+
+def long_rates_table(path=None):
+    """The rate choice: each variant's two candidate rates, seed 0 at full length, final loss
+    on the selection half; the lower is chosen (the report half plays no part)."""
+    rows = json.loads((path or GRIDS / 'long' / 'results.json').read_text())
+    by_variant = {}
+    for r in rows:
+        v, lr = r['variant'].rsplit('_lr', 1)
+        seed0 = next((x for x in r['runs'] if x['seed'] == 0), None)
+        if seed0 is not None:
+            by_variant.setdefault(v, []).append((lr, seed0['val_loss'], r['n_seeds']))
+    lines = ['| variant | rate | selection-half loss, seed 0 | rate | selection-half loss, seed 0 | chosen |',
+             '|---|---|---|---|---|---|']
+    for v, cands in by_variant.items():
+        cands.sort(key=lambda c: -float(c[0]))  # the higher rate first
+        best = min(cands, key=lambda c: c[1])
+        cells = [x for lr, loss, _ in cands for x in (lr, f'{loss:.4f}')]
+        lines.append(f'| `{v}` | ' + ' | '.join(cells) + f' | {best[0]} |')
+    return '\n'.join(lines)
+
+
+def long_variant_table(rows):
+    """Per variant: the report-half loss over its seeds, with and without stalled seeds."""
+    lines = ['| variant | params | MFLOPs/tok | rate | seeds | report loss | 95% CI | median | stalled seeds '
+             '| mean without stalls |', '|---|---|---|---|---|---|---|---|---|---|']
+    for v, r in rows.items():
+        f = report_finals(r)
+        x = np.array(list(f.values()))
+        mean, std, ci = compare.mean_std_ci(x)
+        st = stalled_seeds(f)
+        kept = [y for s, y in f.items() if s not in st]
+        lines.append(f"| `{v}` | {r['params']:,} | {r['flops_per_token'] / 1e6:.2f} | {r['variant'].rsplit('_lr', 1)[1]} "
+                     f"| {len(x)} | {mean:.4f} ± {std:.4f} | [{mean - ci:.4f}, {mean + ci:.4f}] | {np.median(x):.4f} "
+                     f"| {', '.join(map(str, st)) or 'none'} | " + (f'{np.mean(kept):.4f}' if st else '-') + ' |')
+    return '\n'.join(lines)
+
+
+LONG_PAIRS = [('ha_share_w', 'sa_w16'), ('ha_noshare_w', 'sa_w16'), ('ha_share_w', 'sa'), ('ha_noshare_w', 'sa'),
+              ('sa_w16', 'sa'), ('ha_noshare_w', 'ha_share_w')]
+KEY_PAIR = ('ha_share_w', 'sa_w16')
+
+
+def long_family(grids):
+    """The summary's family of claims: every LONG_PAIRS pair at the full length and the key pair
+    at each shorter length, as (length, a, b, paired result); Holm-adjusted over the family."""
+    family = []
+    for length, rows in sorted(grids.items()):
+        pairs = LONG_PAIRS if length == max(grids) else [KEY_PAIR]
+        for a, b in pairs:
+            if a in rows and b in rows:
+                family.append((length, a, b, paired(rows[a], rows[b])))
+    adjusted = holm([res[4] for *_, res in family])
+    return [(length, a, b, res, adj) for (length, a, b, res), adj in zip(family, adjusted)]
+
+
+def long_pairs_table(grids):
+    """Each claim of the family: paired difference (report half), its interval and p, Holm's p,
+    Welch's beside it, and the settle verdict (selection-half curves)."""
+    lines = ['| iterations | a | b | seeds | Δ (a - b), paired | 95% CI | p | p, Holm | Welch Δ [95% CI], p '
+             '| a better in | settle (selection half) |', '|---|---|---|---|---|---|---|---|---|---|---|']
+    for length, a, b, (seeds, d, mean, half, p), adj in long_family(grids):
+        rows = grids[length]
+        wd, wh, wp = welch_interval(list(report_finals(rows[a]).values()), list(report_finals(rows[b]).values()))
+        st = settle(rows[a], rows[b])
+        lines.append(f'| {length} | `{a}` | `{b}` | {len(seeds)} | {mean:+.4f} | [{mean - half:+.4f}, {mean + half:+.4f}] '
+                     f'| {fmt_p(p)} | {fmt_p(adj)}{" *" if adj < 0.05 else ""} | {wd:+.4f} [{wd - wh:+.4f}, {wd + wh:+.4f}], '
+                     f'{fmt_p(wp)} | {int((d < 0).sum())} of {len(d)} | {st["verdict"]} |')
+    return '\n'.join(lines)
+
+
+def long_settle_table(grids):
+    """The settle rule's numbers for every pair of the family at its length."""
+    lines = ['| iterations | a | b | last sign change of the mean gap | gap at the end (selection half) '
+             '| slope over the last third, per 1000 its [95% CI] | p | settled |', '|---|---|---|---|---|---|---|---|']
+    for length, a, b, *_ in long_family(grids):
+        rows = grids[length]
+        st = settle(rows[a], rows[b])
+        _, gap = gap_curves(rows[a], rows[b])
+        lines.append(f"| {length} | `{a}` | `{b}` | {st['last_flip'] or 'never'} | {gap.mean(0)[-1]:+.4f} "
+                     f"| {st['slope']:+.4f} [{st['slope'] - st['slope_half']:+.4f}, {st['slope'] + st['slope_half']:+.4f}] "
+                     f"| {fmt_p(st['slope_p'])} | {'yes' if st['settled'] else 'no'} |")
+    return '\n'.join(lines)
+
+
+def long_trend_table(grids):
+    """The key pair at every length: each variant's report-half loss and the paired gap."""
+    a, b = KEY_PAIR
+    lines = [f'| iterations | `{a}` | `{b}` | Δ, paired [95% CI] | seeds with `{a}` better |', '|---|---|---|---|---|']
+    for length, rows in sorted(grids.items()):
+        if a in rows and b in rows:
+            seeds, d, mean, half, p = paired(rows[a], rows[b])
+            fa, fb = (np.array(list(report_finals(rows[v]).values())) for v in (a, b))
+            lines.append(f'| {length} | {fa.mean():.4f} ± {fa.std(ddof=1):.4f} | {fb.mean():.4f} ± {fb.std(ddof=1):.4f} '
+                         f'| {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] | {int((d < 0).sum())} of {len(d)} |')
+    return '\n'.join(lines)
+
+
 # -----------------------------------------------------------------------------
 # figures
 
@@ -358,6 +667,13 @@ def sections(draw=False):
         out['equal_compute'] = equal_compute_table(grids, verdicts, step_times)
         out['locality'] = pairs_table(grids['main'], LOCALITY)
         out['hfa_order'] = pairs_table(grids['main'], HFA_ORDER)
+    if grids['main']:
+        out['corrections'] = corrections_table(grids)
+        out['main_stalls'] = stall_table(grids['main'])
+        out['main_nostall'] = grid_table(without_stalls(grids['main']))
+        out['locality_nostall'] = pairs_table(without_stalls(grids['main']), LOCALITY)
+    if grids['milton']:
+        out['milton_stalls'] = stall_table(grids['milton'])
     for g in ['main', 'main_flops', 'main_time', 'early', 'milton', 'bpe']:
         if grids[g] and g in ('main_flops', 'main_time'):  # against SA's own budget: main's 1000 iterations
             out[g] = grid_table({REF: grids['main'][REF], **grids[g]}, iters_col=True)
@@ -370,8 +686,18 @@ def sections(draw=False):
                 out[f'{g}_half_settle'] = settle_table(half, ref='sa_lr4e-3')[0]
             if any(a in grids[g] and b in grids[g] for a, b in RATES):
                 out[f'{g}_rates'] = pairs_table(grids[g], RATES)
+    if (GRIDS / 'long' / 'results.json').exists():
+        out['long_rates'] = long_rates_table()
+    longs = long_grids()
+    if longs.get(LONG_ITERS):
+        out['long_variants'] = long_variant_table(longs[LONG_ITERS])
+        out['long_pairs'] = long_pairs_table(longs)
+        out['long_settle'] = long_settle_table(longs)
+        out['long_trend'] = long_trend_table(longs)
     if draw:
         figures(grids)
+        if longs.get(LONG_ITERS):
+            plot_long(longs)
     return out
 
 
