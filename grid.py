@@ -302,9 +302,10 @@ def grid_budget(args, variants, seeds):
 def grid_budget_line(args, variants, seeds):
     per_variant, t = grid_budget(args, variants, seeds)
     gpus = len(args.gpus) if args.gpus else args.nproc * t['slots']
+    wall = f"{t['wall_hours']:,.1f} h" if t['wall_hours'] >= 0.1 else gpu_time_text(t['wall_hours'], unit='')
     return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {seed_text(variants, seeds)}), "
             f"{tokens_text(t['tokens'], 1)} tokens, {t['flops']:.2e} FLOPs, {gpu_time_text(t['gpu_hours'], 0)} on "
-            f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {t['wall_hours']:,.1f} h on {gpus} GPUs")
+            f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {wall} on {gpus} GPUs")
 
 
 

@@ -280,7 +280,8 @@ if master:
     if device_type != 'cuda' and step_s > 10 and not eval_only:
         print(f"note: {n_params / 1e6:.0f}M parameters x {tokens_per_iter:,} tokens per iteration is a GPU-sized run: "
               f"at least {step_s:,.0f} s per iteration on this {device} ({peak / 1e12:.3g} TFLOP/s), and an evaluation "
-              f"reads {2 * eval_iters} batches; a CPU config trains in minutes: python train.py config/cpu_sa.py")
+              f"reads {2 * eval_iters} batches; a CPU config trains in minutes: python train.py config/cpu_sa.py "
+              + (f"--data_dir={data_dir}" if data_dir else f"--dataset={dataset}"))
 
 
 # -----------------------------------------------------------------------------

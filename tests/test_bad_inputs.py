@@ -156,6 +156,8 @@ ROWS.update({
     # compare.py: one line too
     'compare_unknown_variant': ('compare.py', [*CMP, '--variants', 'sa,hfaa'], "unknown variant(s) hfaa; presets: sa,"),
     'compare_missing_out': ('compare.py', ['--variants', 'sa'], "the following arguments are required: --out"),
+    'prepare_bad_choice': ('prepare_openwebtext.py', ['--tokenizer=bpe', '--root={w}/prepared'],
+                           "argument --tokenizer: invalid choice: 'bpe' (choose from 'gpt2', 'char')"),
     'compare_unbuildable_preset': ('compare.py', [*CMP, '--variants', 'bad', '--preset', 'bad', 'n_head=3'],
                                    "variant bad cannot be built (n_embd=16 is not divisible by n_head=3"),
 })
