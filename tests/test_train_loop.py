@@ -182,8 +182,7 @@ def test_step_code_reads_nothing_back_per_step(runs, run_name, per_step):
 def test_cuda_steps_do_not_sync_the_host(data, tmp_path):
     """Host-device syncs flagged by torch.cuda.set_sync_debug_mode: as many for 16 steps as
     for 6, with the same evaluations and log lines (at 0 and the end)."""
-    sys.path.insert(0, str(ROOT / 'tools'))
-    import train_smoke
+    from tools import train_smoke
     res = train_smoke.sync_counts(data, tmp_path)
     assert all(rc == 0 for _, rc, _ in res), res[0][2][-2000:] + res[1][2][-2000:]
     assert res[0][0] is not None and res[0][0] == res[1][0], [c for c, _, _ in res]
