@@ -58,14 +58,14 @@ def argv(tiny, *more):
 
 
 @pytest.fixture(scope='module')
-def grid(tiny):
+def trained(tiny):
     out = tiny / 'grid'
     rc = compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out)))
     return out, rc
 
 
-def test_grid_rows(grid):
-    out, rc = grid
+def test_grid_rows(trained):
+    out, rc = trained
     assert rc == 0
     rows = json.loads((out / 'results.json').read_text())
     assert [r['variant'] for r in rows] == ['sa', 'hybrid']
@@ -96,8 +96,8 @@ def test_grid_rows(grid):
     assert (out / 'compare.png').stat().st_size > 1000
 
 
-def test_rerun_skips_finished_and_resumes_interrupted(grid, tiny, capsys):
-    out, _ = grid
+def test_rerun_skips_finished_and_resumes_interrupted(trained, tiny, capsys):
+    out, _ = trained
     runs = out / 'runs'
     watched = [runs / v / f'seed{s}' / f for v in ('sa', 'hybrid') for s in (0, 1) for f in ('log.jsonl', 'ckpt.pt')]
     before = {p: p.stat().st_mtime_ns for p in watched}
@@ -182,8 +182,8 @@ def test_statistics():
     assert math.isnan(grid.welch_p([1.0], [2.0, 3.0]))
 
 
-def test_refuses_runs_made_with_other_settings(grid, tiny):
-    out, _ = grid
+def test_refuses_runs_made_with_other_settings(trained, tiny):
+    out, _ = trained
     with pytest.raises(UserError, match='learning_rate'):
         compare.main(argv(tiny, '--variants', 'sa', '--seeds', '1', '--out', str(out), '--learning_rate=0.5'))
 
