@@ -402,6 +402,14 @@ def kernel_case(name, B, H, T, dh, dtype, device, min_time, min_iters):
     return times, flops, peak
 
 
+def emit_line(args, rec):
+    """Append one record to --jsonl as soon as it is measured, so that a run killed by a
+    time limit still leaves every finished case."""
+    if getattr(args, 'jsonl', None):
+        with open(args.jsonl, 'a') as f:
+            f.write(json.dumps(rec) + '\n')
+
+
 def kernel_rows(args):
     """Every kernel row at every (T, dh), SDPA first at each shape; a row that fails (no
     kernel, out of memory) is recorded with its error and the sweep goes on."""
@@ -432,6 +440,7 @@ def kernel_rows(args):
                     err = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                     records.append(dict(rec0, mode='kernel_fwd_bwd', seconds=None, tokens_per_s=None,
                                         peak_mem_bytes=None, error=err))
+                    emit_line(args, records[-1])
                     print(f"{row:<15}{T:>6}{dh:>5}  FAILED: {err}", flush=True)
                     if dev == 'cuda':
                         torch.cuda.empty_cache()
@@ -444,6 +453,7 @@ def kernel_rows(args):
                                frac_of_peak=flops[mode] / dt / peak,
                                sdpa_seconds=base.get(mode), time_vs_sdpa=dt / base[mode] if mode in base else None)
                     records.append(rec)
+                    emit_line(args, rec)
                 r = records[-1]
                 print(f"{row:<15}{T:>6}{dh:>5}  {times['kernel_fwd'] * 1e3:>8.3f}{times['kernel_bwd'] * 1e3:>8.3f}"
                       f"{times['kernel_fwd_bwd'] * 1e3:>8.3f}  {r['tflops_per_s']:>11.1f}{100 * r['frac_of_peak']:>7.1f}%"
@@ -464,6 +474,7 @@ def add_kernel_args(p):
     g.add_argument('--kernel_ha_full_max', type=int, default=1024, help='longest T for the full (O(T^3)) ha row')
     g.add_argument('--kernel_min_time', type=float, default=0.2)
     g.add_argument('--kernel_min_iters', type=int, default=3)
+    g.add_argument('--jsonl', default=None, help='append each kernel record to this file as it is measured')
 
 
 def parse_kernel_args(args):

@@ -45,7 +45,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-import numpy as np
 
 from errors import UserError
 from grid import (REFERENCE, as_args, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci, parse_args,
@@ -233,6 +232,7 @@ def collect_run(run_dir, max_iters):
 
 
 def summarize(args, variants, seeds, outcomes):
+    import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
     runs_by_variant = {}
     for v in variants:
         runs_by_variant[v['variant']] = []
@@ -331,6 +331,7 @@ def write_outputs(out, rows, table):
 
 def plot(rows, path, title=''):
     """Validation loss against tokens: the mean over seeds and a min-max band."""
+    import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt

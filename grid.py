@@ -9,12 +9,12 @@ import argparse
 import math
 from pathlib import Path
 
-import numpy as np
-
 import configurator
-import data
 import settings
 from errors import ArgumentParser, UserError
+
+# numpy, torch and data.py (which needs numpy) are imported where used: the GPU checks
+# (tools/train_smoke.py) plan a grid on an image that may lack numpy
 
 # named variants: a name and the train.py settings that make it
 PRESETS = {
@@ -46,6 +46,7 @@ def resolve(config_file, extra, overrides):
 
 
 def vocab_size(cfg):
+    import data
     return data.model_vocab_size(data.read_meta(data.folder_of(cfg['data_dir'], cfg['dataset'])))
 
 
@@ -314,6 +315,7 @@ def grid_budget_line(args, variants, seeds):
 
 def mean_std_ci(x):
     """Mean, sample std (ddof=1) and the 95% t-interval half-width (nan below 2 values)."""
+    import numpy as np
     from scipy import stats
     x = np.asarray(x, dtype=float)
     if len(x) == 0:

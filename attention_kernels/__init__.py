@@ -7,6 +7,8 @@ Attention kernels, kept apart from the model (model.py states the maths and call
     hfa/triton.py      HyperFeatureAttention in Triton (A = 1..4 score tiles, one softmax)
     linear/triton.py   linear attention in Triton (no softmax, optional 1/(visible keys))
     triton_common.py   pieces the Triton kernels share
+    fallback.py        PyTorch stand-ins of the Triton entry points (kernel='auto' falls
+                       back to them when a Triton kernel fails to compile or launch)
     ops.py             each kernel as a torch.library custom op, with autograd and a fake
                        (meta) implementation, so torch.compile traces through them
 
@@ -20,6 +22,7 @@ kernels on CPU tensors (slowly; the tests do this at tiny sizes).
 import importlib
 import os
 import sys
+import warnings
 
 import torch
 
@@ -72,13 +75,51 @@ def _interpreting(triton):
 
 
 def triton_module(family):
-    """The loaded Triton module of a kernel family ('hfa', 'linear', 'ha')."""
+    """The Triton entry points of a kernel family ('hfa', 'linear', 'ha'), guarded: with
+    kernel='auto', an entry point that fails to compile or launch (another triton version,
+    too little shared memory, ...) is replaced by its PyTorch stand-in (fallback.py) for
+    the rest of the process, after one warning line naming the error; kernel='triton'
+    raises. Bad arguments (ValueError, TypeError) always raise."""
     err = load_triton()
     if err:
         raise RuntimeError(err)
     if family not in _modules:
         raise RuntimeError(f"no Triton kernel for {family!r} in this checkout")
-    return _modules[family]
+    return _Guarded(family)
+
+
+_policy = {'fallback': True}  # kernel='auto' (True) or 'triton' (False): set by prepare()
+_failed = {}  # entry point name -> the error that replaced it
+
+
+class _Guarded:
+    def __init__(self, family):
+        self.family = family
+
+    def __getattr__(self, name):
+        fn = getattr(_modules[self.family], name)
+        if not callable(fn) or name.startswith('_'):
+            return fn
+
+        def call(*args, **kwargs):
+            if name in _failed and _policy['fallback']:
+                return getattr(_fallback(), name)(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except (ValueError, TypeError):
+                raise
+            except Exception as e:  # compile or launch failure
+                if not _policy['fallback']:
+                    raise
+                _failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                warnings.warn(f"Triton {name} failed ({_failed[name]}); kernel='auto' uses PyTorch for it from now on",
+                              RuntimeWarning, stacklevel=2)
+                return getattr(_fallback(), name)(*args, **kwargs)
+        return call
+
+
+def _fallback():
+    return importlib.import_module(f'{__name__}.fallback')
 
 
 def prepare(kernel):
@@ -86,6 +127,7 @@ def prepare(kernel):
     so that the forward pass (also under torch.compile) only reads what is loaded."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, not {kernel!r}")
+    _policy['fallback'] = kernel != 'triton'
     if kernel == 'triton':
         err = load_triton()
         if err:

@@ -41,10 +41,11 @@ def _or_empty(t, like):
 def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: int, causal: bool,
             window1: int, window2: int, scale: float, backend: str, block_q: int, block_k: int
             ) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, lse, out32): out32 the PyTorch kernel's fp32 output for bf16/fp16 inputs, else empty."""
+    """(out, lse, out32): out32 the fp32 output for bf16/fp16 inputs, else empty."""
     if backend == 'triton':
-        out, lse = attention_kernels.triton_module('ha').ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
-        return out, lse, _or_empty(None, q)
+        out, lse, out32 = attention_kernels.triton_module('ha').ha3_forward(
+            q, k1, k2, v1, v2, offset, causal, window1, window2, scale, return_fp32=True)
+        return out, lse, _or_empty(out32, q)
     out, lse, out32 = torch_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale,
                                            block_q, block_k)
     return out, lse, _or_empty(out32, q)
@@ -52,7 +53,7 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
 
 @ha3_fwd.register_fake
 def _(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, backend, block_q, block_k):
-    keep = backend != 'triton' and _keeps_fp32(q.dtype)
+    keep = _keeps_fp32(q.dtype)
     return (torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype)),
             q.new_empty(q.shape if keep else (0,), dtype=torch.float32))
 

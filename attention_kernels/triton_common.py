@@ -12,6 +12,8 @@ accumulate in fp32, as on tensor cores) and casts round to nearest-even on the b
 numbers are those of the GPU kernel up to summation order.
 """
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -99,8 +101,45 @@ def block_sizes(kind, BD, A, dtype):
     stages = 2 if BD > 64 else 3
     if dtype == torch.float32:  # fp32 dots run on FMA units, not tensor cores: small tiles
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
-    if kind.endswith('fwd'):
-        return (64, 32, 4, stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    if kind.endswith('fwd'):  # A = 4 at dh 128: 2 stages spill 8 B
+        return (64, 32, 4, 1 if A == 4 and BD > 64 else stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    # backward, without spills on sm_90 (tools/compile_check.py): A = 3 at dh 128 takes 32 x 16
+    # tiles, whose 4 warps compute some score tiles twice (11 tile matmuls per step for 7);
+    # 32 x 32 spilled 48-112 B there; A = 4 takes 16-row tiles (mma.sync)
     if BD > 64:
-        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages)
-    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else (32, 32, 4, stages)
+        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages) if A == 2 else \
+            (32, 16, 4, stages) if A == 3 else (16, 32, 4, stages)
+    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else \
+        (32, 32, 4, stages) if A == 3 else (16, 32, 4, stages)
+
+
+def device_of(t):
+    """Launch on the tensor's GPU, not the current one (a process may hold cuda:1 tensors
+    while cuda:0 is current); CPU tensors (the interpreter) need no guard."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+@triton.jit
+def factor_offset(stride, a: tl.constexpr):
+    """a * stride in int64: the offset of factor a in an (A, N, T, D) tensor. stride = N T D
+    fits int32 while a * stride may not (A = 3, N T D = 2^30), and int32 would wrap."""
+    return stride.to(tl.int64) * a
+
+
+@triton.jit
+def full_blocks(m0, BM: tl.constexpr, BN: tl.constexpr, lo, hi, Tq, Tk, offset, window, CAUSAL: tl.constexpr):
+    """[a, b) within the key blocks [lo, hi) (starts lo + k BN) that every query
+    m0 .. m0 + BM - 1 sees whole: no mask needed there. A block starting at s is whole for
+    every row when s + BN - 1 <= the first row's position (causal), s + BN <= Tk, and (with
+    a window) s > the last row's position - window."""
+    if CAUSAL:
+        p_first = offset + m0
+        p_last = offset + tl.minimum(m0 + BM, Tq) - 1
+        need = tl.maximum(p_last - window + 1 - lo, 0) * (window > 0)
+        a = tl.minimum(lo + (need + BN - 1) // BN * BN, hi)
+        b = lo + tl.maximum(tl.minimum(p_first + 1, Tk) - lo, 0) // BN * BN
+    else:
+        a = lo
+        b = lo + tl.maximum(Tk - lo, 0) // BN * BN
+    b = tl.minimum(tl.maximum(b, a), hi)
+    return a, b

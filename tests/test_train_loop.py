@@ -186,3 +186,23 @@ def test_cuda_steps_do_not_sync_the_host(data, tmp_path):
     res = train_smoke.sync_counts(data, tmp_path)
     assert all(rc == 0 for _, rc, _ in res), res[0][2][-2000:] + res[1][2][-2000:]
     assert res[0][0] is not None and res[0][0] == res[1][0], [c for c, _, _ in res]
+
+
+def test_train_smoke_runs_what_is_asked_without_numpy(tmp_path):
+    """tools/train_smoke.py (a GPU check): `--only sa` runs sa itself, not a merged twin; its
+    schedule never divides by zero (--iters 2); it imports no numpy at the top (the GPU
+    image may lack it) and writes valid uint16 token files."""
+    import ast
+    from tools import train_smoke
+    assert [name for name, _, _ in train_smoke.runs_to_make({'sa'})][:1] == ['sa']
+    for iters in (1, 2, 3, 20):
+        kv = dict(a[2:].split('=') for a in train_smoke.schedule_args(iters))
+        assert int(kv['warmup_iters']) < int(kv['lr_decay_iters']) == int(kv['max_iters']) == iters
+    tops = [n for n in ast.parse((ROOT / 'tools' / 'train_smoke.py').read_text()).body
+            if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [n for n in tops for a in getattr(n, 'names', []) if a.name.split('.')[0] == 'numpy']
+    folder = train_smoke.synthetic_data(tmp_path / 'd', n_train=1000, n_val=10)
+    raw = (folder / 'train.bin').read_bytes()
+    assert len(raw) == 2000
+    ids = torch.frombuffer(bytearray(raw), dtype=torch.int16).to(torch.int32) & 0xFFFF
+    assert 0 <= int(ids.min()) and int(ids.max()) < 50257 and len(set(ids.tolist())) > 900

@@ -1,21 +1,36 @@
 """
-Compile the Triton kernels of attention_kernels/hfa/triton.py and attention_kernels/linear/triton.py for NVIDIA
-GPUs without one: Triton's front end, its GPU passes and ptxas (shipped with the triton
-wheel) run on any Linux machine. This catches what the CPU interpreter cannot (typing of
-loop-carried values, register limits, unsupported ops) before GPU time is spent.
+Compile every Triton kernel of attention_kernels/ (HA, HFA, linear) for NVIDIA GPUs
+without one, and read the compiled artefacts: Triton's front end, its GPU passes, ptxas
+and cuobjdump (shipped with the triton wheel) run on any Linux machine.
 
-    python tools/compile_check.py                 # sm_90 (H100/H200) and sm_80 (A100)
-    python tools/compile_check.py --arch 90 --quick
+    python tools/compile_check.py                    # sm_90 (H100/H200) and sm_80 (A100)
+    python tools/compile_check.py --arch 90 --quick  # bf16/fp32, dh 64/128
+    python tools/compile_check.py --only ha --dtypes bf16 --dh 64 --json out.json
 
-Every configuration the wrappers can choose is compiled: dtypes, head blocks 16..128,
-A = 1..4, causal or not, linear_norm, with the wrappers' own tile sizes and warps.
-Prints one line per kernel and configuration, registers and spills from ptxas, and exits
-non-zero if any fails.
+Per kernel and configuration (the wrappers' own tile sizes, warps and stages) it prints:
+  regs     registers per thread (ptxas; 255 at most)
+  spill    bytes of stack frame: Triton kernels have no local arrays, so a frame is spilled
+           registers (STL: the number of local stores in the code)
+  smem     shared memory the kernel allocates (Triton's own count, the launch's dynamic
+           shared memory), against the per-block limit: 232,448 B on sm_90, 166,912 on sm_80
+  mma/step the inner loop's tensor-core work, read from the SASS: every HGMMA (sm_90,
+           per warp group of 4 warps) or HMMA (sm_80, per warp) between a loop's label and
+           its back edge, as FLOPs, divided by one tile matmul of the step (2 x rows x
+           cols x head block): "6.0 (formula 6)" means no tile is computed twice
+  est      sm_90 only: the fraction of the dense bf16 peak that the static model of
+           docs/performance.md gives for that loop (tensor time against instruction issue
+           and the exp unit, midway between full and no overlap), times formula/executed
+
+It fails (exit 1) on a compile error, on any spill in a bf16/fp16 configuration, and on
+shared memory above the limit in any configuration.
 """
 
 import argparse
+import dataclasses
 import itertools
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,12 +46,38 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from attention_kernels import triton_common as common  # noqa: E402
+from attention_kernels.ha import triton as ha  # noqa: E402
 from attention_kernels.hfa import triton as hfa  # noqa: E402
 from attention_kernels.linear import triton as lin  # noqa: E402
 
 TT = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
+DTYPES = {v: k for k, v in TT.items()}
 FP32_POINTERS = {'LSE', 'DELTA', 'O32'}
-FLOAT_SCALARS = {'scale'}
+FLOAT_SCALARS = {'scale', 'qk_scale'}
+SMEM_LIMIT = {90: 232448, 80: 166912}
+# Hopper (H100 SXM): 132 SMs, 989 TFLOP/s dense bf16 at 1.83 GHz = 4096 FLOP per SM per
+# cycle; 4 schedulers per SM issue one warp instruction a cycle each; MUFU (exp2) 16 lanes
+# per SM per cycle.
+SM90_MMA_FLOP_PER_CYCLE = 4096
+SCHEDULERS = 4
+MUFU_LANES_PER_CYCLE = 16
+
+
+@dataclasses.dataclass
+class Case:
+    family: str
+    name: str
+    fn: object
+    dtype: torch.dtype
+    constexprs: dict
+    warps: int
+    stages: int
+    rows: int      # one step's tile: rows x cols pairs, each a dot of length hd
+    cols: int
+    hd: int
+    formula: int   # tile matmuls per step that the formula needs (no split, no duplicate)
+    useful: int    # of which count as useful FLOPs (bench.py's convention: backward = 2 x forward)
+    note: str = ''
 
 
 def signature(fn, dtype, constexprs):
@@ -44,7 +85,7 @@ def signature(fn, dtype, constexprs):
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = 'constexpr'
-        elif name.isupper() or name in ('Q', 'K', 'V', 'O'):
+        elif name.isupper():
             sig[name] = '*fp32' if name in FP32_POINTERS else f'*{TT[dtype]}'
         elif name in FLOAT_SCALARS:
             sig[name] = 'fp32'
@@ -53,70 +94,274 @@ def signature(fn, dtype, constexprs):
     return sig
 
 
-def compile_one(fn, dtype, constexprs, warps, stages, target):
-    sig = signature(fn, dtype, constexprs)
-    attrs = {(i,): [['tt.divisibility', 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith('*')}
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=target, options={'num_warps': warps, 'num_stages': stages})
-    return resource_usage(k.asm['cubin'])
+def compile_case(case, target):
+    sig = signature(case.fn, case.dtype, case.constexprs)
+    attrs = {(i,): [['tt.divisibility', 16]] for i, n in enumerate(case.fn.arg_names) if sig[n].startswith('*')}
+    src = ASTSource(fn=case.fn, signature=sig, constexprs=case.constexprs, attrs=attrs)
+    return triton.compile(src, target=target, options={'num_warps': case.warps, 'num_stages': case.stages})
+
+
+def _tool(name):
+    return os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', name)
 
 
 def resource_usage(cubin):
-    """'REG:n STACK:n SHARED:n LOCAL:n' from cuobjdump (in the triton wheel); LOCAL > 0 is spilling."""
-    tool = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')
+    """{'REG': n, 'STACK': n, ...} from cuobjdump --dump-resource-usage."""
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True).stdout
+        out = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', f.name], capture_output=True,
+                             text=True).stdout
     line = [s for s in out.splitlines() if 'REG:' in s]
-    return ' '.join(w for w in line[0].split() if w.split(':')[0] in ('REG', 'STACK', 'SHARED', 'LOCAL')) if line else '?'
+    words = line[0].split() if line else []
+    return {k: int(v) for k, v in (w.split(':', 1) for w in words if ':' in w) if v.isdigit()}
 
 
-def cases(quick):
-    dtypes = [torch.bfloat16, torch.float32] if quick else [torch.bfloat16, torch.float16, torch.float32]
-    bds = [64, 128] if quick else [16, 32, 64, 128]
-    for dtype, BD, causal in itertools.product(dtypes, bds, [True] if quick else [True, False]):
+MMA_RE = re.compile(r'\b(HGMMA|HMMA)\.(\d+)x?(\d*)x?(\d*)')
+
+
+def mma_flops(ins):
+    """FLOPs of one SASS tensor-core instruction for its executing unit (warp group or warp)."""
+    m = re.search(r'\bHGMMA\.(\d+)x(\d+)x(\d+)', ins)
+    if m:
+        M, N, K = map(int, m.groups())
+        return 2 * M * N * K
+    m = re.search(r'\bHMMA\.(\d)(\d)(\d+)\.', ins)  # HMMA.16816 = m16 n8 k16, HMMA.1688 = m16 n8 k8
+    if m:
+        code = m.group(0)[5:-1]
+        M, N, K = {'16816': (16, 8, 16), '1688': (16, 8, 8), '884': (8, 8, 4)}.get(code, (16, 8, 16))
+        return 2 * M * N * K
+    return 0
+
+
+def inner_loops(sass):
+    """The innermost loops of a SASS listing: [(instructions of the body)], each from a label
+    to the branch back to it."""
+    lines = [s.strip() for s in sass.splitlines() if s.strip()]
+    labels, body = {}, []
+    for s in lines:
+        if re.match(r'^[\w.$]+:$', s):
+            labels[s[:-1]] = len(body)
+        else:
+            body.append(s.split('\t', 1)[-1] if '\t' in s else s)
+    loops = []
+    for i, ins in enumerate(body):
+        m = re.search(r'\bBRA\s+`?\(?([\w.$]+)\)?', ins)
+        if m and m.group(1) in labels and labels[m.group(1)] <= i:
+            loops.append((labels[m.group(1)], i))
+    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    return [body[a:b + 1] for a, b in inner]
+
+
+def loop_stats(sass, warps):
+    """Per innermost loop with tensor-core work: FLOPs per iteration for the whole block,
+    instructions and MUFU.EX2 per warp."""
+    out = []
+    for loop in inner_loops(sass):
+        hg = sum(mma_flops(s) for s in loop if 'HGMMA' in s)
+        hm = sum(mma_flops(s) for s in loop if 'HMMA' in s and 'HGMMA' not in s)
+        flops = hg * (warps // 4) + hm * warps
+        if flops:
+            out.append(dict(flops=flops, mma_sync_flops=hm * warps, instr=len(loop), mufu=sum('MUFU.EX2' in s for s in loop),
+                            mma_instr=sum(('HGMMA' in s or 'HMMA' in s) for s in loop),
+                            stl=sum('STL' in s for s in loop)))
+    return out
+
+
+def model(loop, warps):
+    """Cycles per step of one block on one SM (sm_90), and the fraction of peak:
+    tensor time t_mma = FLOPs / 4096; issue time = instructions per warp x warps / 4
+    schedulers; exp time = MUFU.EX2 per warp x 32 lanes x warps / 16. Full overlap:
+    max of the three; none: t_mma + max(issue, exp). The estimate takes the mean of the two
+    step times. Latencies (memory, barriers, dependent instructions) are not modelled."""
+    # mma.sync (HMMA) on Hopper: counted at half the wgmma rate (an assumption: FlashAttention-2,
+    # built on it, peaks near half of FlashAttention-3's throughput on H100)
+    t_peak = loop['flops'] / SM90_MMA_FLOP_PER_CYCLE  # the executed FLOPs at the wgmma peak
+    t_mma = (loop['flops'] + loop['mma_sync_flops']) / SM90_MMA_FLOP_PER_CYCLE
+    t_issue = loop['instr'] * warps / SCHEDULERS
+    t_exp = loop['mufu'] * 32 * warps / MUFU_LANES_PER_CYCLE
+    best = max(t_mma, t_issue, t_exp)
+    worst = t_mma + max(t_issue, t_exp)
+    return dict(t_mma=t_peak, t_issue=t_issue, t_exp=t_exp, best=t_peak / best, worst=t_peak / worst,
+                est=t_peak / ((best + worst) / 2))
+
+
+def analyse(case, k, arch):
+    usage = resource_usage(k.asm['cubin'])
+    sass = k.asm['sass']
+    loops = loop_stats(sass, case.warps)
+    unit = 2 * case.rows * case.cols * case.hd
+    rec = dict(family=case.family, kernel=case.name, arch=arch, dtype=TT[case.dtype], warps=case.warps,
+               stages=case.stages, config={k: v for k, v in case.constexprs.items()
+                                           if k not in ('PREC', 'EMU', 'UP', 'DH', 'D')},
+               note=case.note, regs=usage.get('REG', -1), spill=usage.get('STACK', 0),
+               stl=sum('STL' in s for s in sass.splitlines()), smem=k.metadata.shared,
+               smem_limit=SMEM_LIMIT.get(arch, SMEM_LIMIT[90]), formula=case.formula, useful=case.useful,
+               tile=(case.rows, case.cols, case.hd))
+    if loops:
+        # the steady state: the largest tensor work, then the fewest instructions (unmasked)
+        main = min(loops, key=lambda L: (-L['flops'], L['instr']))
+        rec['loops'] = [dict(L, tiles=L['flops'] / unit) for L in loops]
+        rec['mma_per_step'] = main['flops'] / unit
+        rec['instr_per_step'] = main['instr']
+        rec['mufu_per_step'] = main['mufu']
+        if arch >= 90 and case.dtype != torch.float32:
+            m = model(main, case.warps)
+            scale = case.formula / rec['mma_per_step']
+            rec.update(t_mma=m['t_mma'], t_issue=m['t_issue'], t_exp=m['t_exp'],
+                       est=m['est'] * scale, best=m['best'] * scale, worst=m['worst'] * scale,
+                       cycles=m['t_mma'] / m['est'], pairs=case.rows * case.cols)
+            # t_mma counts executed work; the fraction of peak counts the formula's
+            rec['est'] = min(rec['est'], 1.0)
+    else:
+        rec['mma_per_step'] = 0.0
+    return rec
+
+
+# -----------------------------------------------------------------------------
+# the configurations the wrappers choose
+
+def ha_cases(dtypes, dhs, geometries, split_name=''):
+    """HA order 3 at T = 4096: full causal and windows (512, 32) (the GPU configs' shape),
+    and one non-causal case."""
+    for dtype, dh, (T, w1, w2, causal) in itertools.product(dtypes, dhs, geometries):
+        swap, wa, wb = ha._geometry(T, T, 0, causal, w1, w2)
+        prec = 'ieee' if dtype == torch.float32 else 'tf32'
+        split = ha.SPLITS[split_name] if split_name and dtype != torch.float32 else ha.default_split(dtype)
+        plan = ha.plan(T, T, dh, wa, wb, dtype)
+        note = f"T={T} w=({w1},{w2}){'' if causal else ' noncausal'}"
+        for kname, fn, c in ha.kernels_of(plan, dtype):
+            c = dict(c)
+            warps, stages = c.pop('num_warps'), c.pop('num_stages')
+            rows, cols, formula, useful = ha.step_shape(kname, c, split)
+            cx = dict(CAUSAL=causal, DH=dh, DP=plan['dp'], PREC=prec, EMU=False, **c)
+            if 'SPLIT' in fn.arg_names:
+                cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' else split
+            yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note)
+
+
+def hfa_linear_cases(dtypes, bds, causals, families):
+    for dtype, BD, causal in itertools.product(dtypes, bds, causals):
         prec = common.dot_precision(dtype)
-        for A in ([1, 2, 4] if quick else [1, 2, 3, 4]):
-            base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=prec)
-            BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype)
-            yield 'hfa_fwd', hfa._hfa_fwd, dtype, dict(base, BM=BM, BN=BN, KEEP32=dtype != torch.float32), w, s
-            BM, BN, w, s = common.block_sizes('hfa_bwd', BD, A, dtype)
-            yield 'hfa_bwd_dq', hfa._hfa_bwd_dq, dtype, dict(base, BM=BM, BN=BN), w, s
-            yield 'hfa_bwd_dkdv', hfa._hfa_bwd_dkdv, dtype, dict(base, BM=BM, BN=BN), w, s
-        for norm in [False, True]:
-            base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
-            BM, BN, w, s = common.block_sizes('linear_fwd', BD, 1, dtype)
-            yield 'linear_fwd', lin._linear_fwd, dtype, dict(base, BM=BM, BN=BN), w, s
-            BM, BN, w, s = common.block_sizes('linear_bwd', BD, 1, dtype)
-            yield 'linear_bwd_dq', lin._linear_bwd_dq, dtype, dict(base, BM=BM, BN=BN), w, s
-            yield 'linear_bwd_dkdv', lin._linear_bwd_dkdv, dtype, dict(base, BM=BM, BN=BN), w, s
-    # an odd head size: D = 20 padded to BD = 32
-    yield 'hfa_fwd_d20', hfa._hfa_fwd, torch.bfloat16, dict(A=2, CAUSAL=True, D=20, BD=32, UP=False, PREC='tf32',
-                                                            BM=128, BN=64, KEEP32=True), 8, 3
+        nc = '' if causal else ' noncausal'
+        if 'hfa' in families:
+            for A in [1, 2, 3, 4]:
+                base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=prec)
+                BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype)
+                for kname, fn, cx, formula, useful in hfa.compiled_kernels('fwd', base, BM, BN, dtype):
+                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
+                BM, BN, w, s = common.block_sizes('hfa_bwd', BD, A, dtype)
+                for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
+                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
+        if 'linear' in families:
+            for norm in [False, True]:
+                base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
+                for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype):
+                    yield Case('linear', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
+                               f'norm={norm}' + nc)
+
+
+def cases(args):
+    fams = args.only.split(',')
+    dtypes = [DTYPES[d] for d in args.dtypes.split(',')] if args.dtypes else (
+        [torch.bfloat16, torch.float32] if args.quick else [torch.bfloat16, torch.float16, torch.float32])
+    dhs = [int(d) for d in args.dh.split(',')] if args.dh else ([64, 128] if args.quick else [16, 32, 64, 128])
+    if 'ha' in fams:
+        geos = [(4096, 512, 32, True), (4096, 0, 0, True)]
+        if not args.quick:
+            geos.append((4096, 0, 0, False))
+        if args.ha_geometry:
+            geos = [g for g in geos if args.ha_geometry == ('windows' if g[1] else 'full' if g[3] else 'noncausal')]
+        yield from ha_cases(dtypes, dhs, geos, args.ha_split)
+    yield from hfa_linear_cases(dtypes, dhs, [True] if args.quick else [True, False], fams)
+
+
+def check(rec):
+    """Problems of one compiled configuration (empty: fine)."""
+    bad = []
+    if rec['spill'] > 0 and rec['dtype'] != 'fp32':
+        bad.append(f"{rec['spill']} B spilled")
+    if rec['smem'] > rec['smem_limit']:
+        bad.append(f"shared memory {rec['smem']} B > {rec['smem_limit']} B")
+    return bad
+
+
+def summary(recs):
+    """Per family, dtype, head block and configuration on sm_90: the forward, backward and
+    forward + backward fraction of the dense peak by the model, from each kernel's cycles per
+    (row, column) pair of its step. Useful FLOPs per pair: forward = the formula's useful
+    tile matmuls x 2 x head block; backward = 2 x forward (bench.py's convention)."""
+    groups = {}
+    for r in recs:
+        if 'cycles' in r:
+            groups.setdefault((r['family'], r['dtype'], r['tile'][2], r['note']), []).append(r)
+    out = []
+    for (fam, dt, hd, note), rs in groups.items():
+        fwd = [r for r in rs if r['kernel'].endswith('_fwd')]
+        bwd = [r for r in rs if not r['kernel'].endswith('_fwd')]
+        if len(fwd) != 1 or not bwd:
+            continue
+        per_pair = lambda r: r['cycles'] / r['pairs']
+        useful = fwd[0]['useful'] * 2 * hd  # FLOPs per pair of the forward
+        c_f, c_b = per_pair(fwd[0]), sum(per_pair(r) for r in bwd)
+        out.append(dict(family=fam, dtype=dt, hd=hd, note=note, fwd=useful / (SM90_MMA_FLOP_PER_CYCLE * c_f),
+                        bwd=2 * useful / (SM90_MMA_FLOP_PER_CYCLE * c_b),
+                        fwd_bwd=3 * useful / (SM90_MMA_FLOP_PER_CYCLE * (c_f + c_b)),
+                        bwd_mma_per_step=sum(r['mma_per_step'] for r in bwd),
+                        cycles_per_pair=dict(fwd=c_f, bwd=c_b)))
+    return out
+
+
+def line(rec):
+    cfg = ' '.join(f'{k}={v}' for k, v in rec['config'].items() if k not in ('CAUSAL',))
+    s = (f"sm_{rec['arch']} {rec['kernel']:<14} {rec['dtype']:<4} {rec['note']:<22} {cfg} w={rec['warps']}"
+         f" s={rec['stages']}: regs {rec['regs']} spill {rec['spill']} smem {rec['smem']}"
+         f" mma/step {rec['mma_per_step']:.1f} (formula {rec['formula']})")
+    if 'est' in rec:
+        s += f" est {100 * rec['est']:.0f}% [{100 * rec['worst']:.0f}-{100 * rec['best']:.0f}]"
+    return s
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--arch', default='90,80', help='comma list of compute capabilities')
-    p.add_argument('--quick', action='store_true', help='fewer dtypes and head sizes')
+    p.add_argument('--quick', action='store_true', help='bf16 and fp32, head sizes 64 and 128, causal only')
+    p.add_argument('--only', default='ha,hfa,linear', help='kernel families (comma list)')
+    p.add_argument('--dtypes', default='', help='e.g. bf16,fp32 (default: all, or --quick\'s)')
+    p.add_argument('--dh', default='', help='head sizes, e.g. 64,128')
+    p.add_argument('--json', default='', help='write every record to this file')
+    p.add_argument('--ha_geometry', default='', choices=['', 'windows', 'full', 'noncausal'],
+                   help='HA at T = 4096 with windows (512, 32), full causal or non-causal (default: all)')
+    p.add_argument('--ha_split', default='', choices=['', 'none', 'logits', 'both'],
+                   help="HA backward's lane-product split (default: the wrapper's)")
     args = p.parse_args()
-    failed, n, t0 = 0, 0, time.time()
+    failed, recs, t0 = 0, [], time.time()
     print(f"triton {triton.__version__}, torch {torch.__version__}")
     for arch in [int(a) for a in args.arch.split(',')]:
         target = GPUTarget('cuda', arch, 32)
-        for name, fn, dtype, constexprs, warps, stages in cases(args.quick):
-            n += 1
-            cfg = ' '.join(f'{k}={v}' for k, v in constexprs.items() if k in ('A', 'CAUSAL', 'NORM', 'BD', 'BM', 'BN'))
+        for case in cases(args):
             try:
-                usage = compile_one(fn, dtype, constexprs, warps, stages, target)
-                print(f"ok    sm_{arch} {name:<16} {TT[dtype]:<5} {cfg} warps={warps}: {usage}", flush=True)
+                rec = analyse(case, compile_case(case, target), arch)
             except Exception as e:  # report every failure, then exit non-zero
                 failed += 1
                 msg = str(e).strip().splitlines()
-                print(f"FAIL  sm_{arch} {name:<16} {TT[dtype]:<5} {cfg}: {type(e).__name__}: "
+                print(f"FAIL  sm_{arch} {case.name} {TT[case.dtype]} {case.note}: {type(e).__name__}: "
                       f"{msg[-1] if msg else ''}", flush=True)
-    print(f"{n - failed}/{n} compiled in {time.time() - t0:.0f} s")
+                continue
+            recs.append(rec)
+            bad = check(rec)
+            failed += bool(bad)
+            print(f"{'BAD ' if bad else 'ok  '}  {line(rec)}{'  <- ' + '; '.join(bad) if bad else ''}", flush=True)
+    summ = summary([r for r in recs if r['arch'] == 90])
+    for x in summ:
+        print(f"model sm_90 {x['family']:<6} {x['dtype']} hd={x['hd']} {x['note']:<22}: forward {100 * x['fwd']:.0f}%,"
+              f" backward {100 * x['bwd']:.0f}% ({x['bwd_mma_per_step']:.1f} tile matmuls per step),"
+              f" forward + backward {100 * x['fwd_bwd']:.0f}% of the dense peak")
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(triton=triton.__version__, records=recs, summary=summ), f, indent=1)
+    n_bad = sum(bool(check(r)) for r in recs)
+    print(f"{len(recs) - n_bad} ok, {failed} failed or over a limit, in {time.time() - t0:.0f} s")
     sys.exit(1 if failed else 0)
 
 

@@ -12,15 +12,15 @@ once. Needs CUDA (on CPU it runs too, slowly, with --device=cpu --compile=False)
 """
 
 import argparse
+import array
 import json
+import random
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,11 +34,13 @@ MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'batch_size', 'attent
 
 
 def synthetic_data(folder, n_train=4_000_000, n_val=400_000):
-    """Uniform random GPT-2 token ids in nanoGPT's layout (the loss stays ~log 50257)."""
+    """Uniform random GPT-2 token ids in nanoGPT's layout (the loss stays ~log 50257);
+    uint16 written with the standard library (the GPU image may lack numpy)."""
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
+    rng = random.Random(0)
     for split, n in (('train', n_train), ('val', n_val)):
-        rng.integers(0, 50257, n, dtype=np.uint16).tofile(folder / f'{split}.bin')
+        with open(folder / f'{split}.bin', 'wb') as f:
+            array.array('H', (rng.randrange(50257) for _ in range(n))).tofile(f)
     (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'gpt2', 'vocab_size': 50257}))
     return folder
 
@@ -76,14 +78,23 @@ def sync_counts(data, work, iters=(6, 16), extra=()):
     return out
 
 
-def runs_to_make():
-    """(name, config file, overrides) of every distinct GPU model."""
+def schedule_args(iters):
+    """train.py's schedule for a run of `iters` steps: warmup shorter than the decay, which
+    train.py's get_lr divides by (iters = 2 with warmup 2 divided by zero)."""
+    return [f'--max_iters={iters}', f'--lr_decay_iters={iters}', f'--warmup_iters={min(2, max(iters - 1, 0))}']
+
+
+def runs_to_make(wanted=()):
+    """(name, config file, overrides) of every distinct GPU model; `wanted` names (a run's
+    name or its part after ':') are chosen before models are merged, so `sa` runs as sa."""
     out, seen = [], {}
     candidates = [(p.stem, str(p), {}) for p in gpu_configs()]
     ia = ROOT / 'config' / 'ia_table.py'
     with tempfile.TemporaryDirectory() as tmp:
         args = compare.parse_args(['--config', str(ia), '--out', tmp])
         candidates += [(f"ia_table:{v['variant']}", str(ia), v['overrides']) for v in compare.plan(args)]
+    if wanted:
+        candidates = [c for c in candidates if c[0] in wanted or c[0].split(':')[-1] in wanted]
     for name, path, overrides in candidates:
         cfg = compare.resolve(path, [], overrides)
         kinds = set(cfg['attn_layers'].split(',')) if cfg['attn_layers'] else {cfg['attention']}
@@ -122,12 +133,9 @@ def main():
         return 0 if ok else 1
     wanted = set(filter(None, args.only.split(',')))
     results = []
-    for name, path, overrides in runs_to_make():
-        if wanted and name not in wanted and name.split(':')[-1] not in wanted:
-            continue
+    for name, path, overrides in runs_to_make(wanted):
         cmd = [sys.executable, str(ROOT / 'train.py'), path, *compare.as_args(overrides),
-               f'--data_dir={data}', f'--out_dir={work / name.replace(":", "_")}', f'--max_iters={args.iters}',
-               f'--lr_decay_iters={args.iters}', '--warmup_iters=2', f'--eval_interval={args.iters}',
+               f'--data_dir={data}', f'--out_dir={work / name.replace(":", "_")}', *schedule_args(args.iters), f'--eval_interval={args.iters}',
                '--eval_iters=2', '--log_interval=5', f'--gradient_accumulation_steps={args.accum}',
                '--compile=True', '--wandb_log=False', '--always_save_checkpoint=False', *args.extra]
         t0 = time.time()
@@ -151,7 +159,7 @@ def main():
               f"({res['wall_s']:.0f} s)", flush=True)
         if rc != 0:
             print('\n'.join('    ' + l for l in log.strip().splitlines()[-6:]))
-    (out / 'smoke.json').write_text(json.dumps(results, indent=1))
+        (out / 'smoke.json').write_text(json.dumps(results, indent=1))  # after every run: a kill keeps them
     print(f"wrote {out / 'smoke.json'}; every run's output: {work / 'smoke.log'}")
     return 0 if results and all(r['rc'] == 0 for r in results) else 1
 

@@ -26,7 +26,7 @@ O(T dh) is written: out and the per-query logsumexp lse (float32).
 
 Backward, deterministic (no atomics), each kernel owning what it writes and recomputing
 P = exp(logit - lse) from the saved lse; dP = dO_i . (va * vb), dS = P (dP - D_i),
-D_i = dO_i . out_i (precomputed, O(T)):
+D_i = dO_i . out_i (precomputed, O(T), from the forward's float32 output when given):
   _ha3_bwd_dq_kernel   query blocks, lanes (i, ja), sweep b columns: Gk = dS @ kb;
                        dq_i = scale sum_ja ka * Gk.
   _ha3_bwd_da_kernel   blocks of a keys, lanes (ja, i) (the queries that see ja), sweep b
@@ -34,20 +34,28 @@ D_i = dO_i . out_i (precomputed, O(T)):
                        dka = scale sum_i q_i * Gk,  dva = sum_i dO_i * Gv.
   _ha3_bwd_db_kernel   blocks of b keys (columns), loop over the lane tiles that see them:
                        dkb = scale dS^T @ (q * ka),  dvb = P^T @ (dO * va).
+dq and slot a are not one kernel: they need the same dS but sum it along different axes
+(queries vs a keys), and without atomics one program cannot own both sums. From head size
+128 each slot's dk and dv are two launches (one accumulator each fits the registers).
 Statistics, accumulators and gradient sums are float32 whatever the input dtype; matmul
 inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane row is a
-product of two inputs, which the input dtype rounds to half its digits; the backward
-therefore feeds it to the logit and dP matmuls as hi + lo (two matmuls), which keeps bf16
-gradients within ~1.5x of bf16 SDPA's error.
+product of two inputs, which the input dtype rounds to half its digits; split_products
+('logits', 'both') feeds it to the logit (and dP) matmuls as hi + lo, two matmuls each,
+in the forward and the backward alike (they must agree: P = exp(logit - lse)). Default
+'both' (DEFAULT_SPLIT; 'none' missed 2x SDPA's bf16 error): errors in docs/performance.md.
 
-Matmuls per (lane tile x column block), for FLOP accounting: forward 2; backward 5 (dq),
-6 (slot a), 6 (slot b) with the split, 3, 4, 4 without it.
+Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2 (3 split);
+backward 3 (dq) + 4 (slot a) + 4 (slot b) = 11 without the split, 17 with 'both'; one warp
+group (4 warps) per 64 tile rows, so no tile is computed twice (tools/compile_check.py
+counts them in the compiled code), except where TILES says otherwise (head size 128).
 """
 
 
 import torch
 import triton
 import triton.language as tl
+
+from attention_kernels.triton_common import device_of
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -93,11 +101,15 @@ def _lowp(x, dt: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
-def _split(x, dt: tl.constexpr, EMU: tl.constexpr):
+def _split(x, dt: tl.constexpr, EMU: tl.constexpr, ON: tl.constexpr):
     """float32 x as hi + lo in the matmul dtype: a product of two bf16 (or fp16) numbers is
-    then held almost exactly, where hi alone would round it to 8 (11) bits."""
+    then held almost exactly, where hi alone would round it to 8 (11) bits. ON False: lo is
+    hi and unused (the dots then take hi alone)."""
     hi = _lowp(x, dt, EMU)
-    return hi, _lowp(x - hi.to(tl.float32), dt, EMU)
+    lo = hi
+    if ON:
+        lo = _lowp(x - hi.to(tl.float32), dt, EMU)
+    return hi, lo
 
 
 @triton.jit
@@ -168,15 +180,15 @@ def _visible(j, p_r, Wb):
 # forward
 
 @triton.jit
-def _fwd_sweep(A, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
+def _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr,
-               MASKED: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+               MASKED: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, SPLIT: tl.constexpr):
     """Online softmax of the lanes A (R, DP) over b keys [j0, j1) (base-2 logits)."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
         kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
         vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
-        S = tl.dot(A, tl.trans(kb), input_precision=PREC)
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT >= 1, PREC)
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
         m_new = tl.maximum(m, tl.max(S, 1))
@@ -190,15 +202,17 @@ def _fwd_sweep(A, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
 
 
 @triton.jit
-def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, LSE,
+def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
                     Tq, Tk, offset, Wa, Wb, qk_scale,
                     CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                    G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+                    G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr,
+                    KEEP32: tl.constexpr, SPLIT: tl.constexpr):
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
     i0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * G  # longest causal rows first
     Q += n * Tq * DH
     O += n * Tq * DH
+    O32 += n * Tq * DH
     LSE += n * Tq
     KA += n * Tk * DH
     KB += n * Tk * DH
@@ -225,13 +239,13 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, LSE,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A = _lowp(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
         m = tl.full((R,), float('-inf'), tl.float32)
         l = tl.zeros((R,), tl.float32)
         acc = tl.zeros((R, DP), tl.float32)
-        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PREC, EMU)
-        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PREC, EMU)
-        m, l, acc = _fwd_sweep(A, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PREC, EMU)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PREC, EMU, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PREC, EMU, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PREC, EMU, SPLIT)
         # merge the lanes of each query: lane r holds sum_jb exp2(s - m_r) vb, times va
         m = tl.where(ok, m, float('-inf'))
         c = acc * _gather(VA, ja, ok, d, DH, DP)
@@ -251,6 +265,8 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, LSE,
     lse = tl.where(seen, (M + tl.log2(L_div)) * 0.6931471805599453, float('-inf'))
     o_mask = (gi < Tq)[:, None] & (d[None, :] < DH)
     tl.store(O + gi[:, None] * DH + d[None, :], _lowp(out, dt, EMU).to(dt), mask=o_mask)
+    if KEEP32:  # for backward's D_i = dO_i . out_i (the rounded output adds gradient error)
+        tl.store(O32 + gi[:, None] * DH + d[None, :], out, mask=o_mask)
     tl.store(LSE + gi, lse, mask=gi < Tq)
 
 
@@ -270,21 +286,23 @@ def _lane_stats(LSE, DELTA, i_r, ok):
 @triton.jit
 def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, MASKED: tl.constexpr,
-               NEED_V: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
-    """Over b keys [j0, j1): Gk += dS @ kb and (NEED_V) Gv += P @ vb, per lane."""
+               PART: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+    """Over b keys [j0, j1), per lane: Gk += dS @ kb (PART 0, 1) and Gv += P @ vb (PART 0, 2;
+    PART 3: Gk only, for dq). Gv alone needs no dP."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
         kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
         vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
-        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT, PREC)
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT >= 1, PREC)
         S = S - lse2[:, None]
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
         P = tl.math.exp2(S)
-        dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT, PREC)
-        dS = P * (dP - delta[:, None])
-        Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
-        if NEED_V:
+        if PART != 2:
+            dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT >= 2, PREC)
+            dS = P * (dP - delta[:, None])
+            Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
+        if PART == 0 or PART == 2:
             Gv = tl.dot(_lowp(P, KB.dtype.element_ty, EMU), vb, Gv, input_precision=PREC)
     return Gk, Gv
 
@@ -326,13 +344,14 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
-        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 2)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
-        Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
-        Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, False, SPLIT, PREC, EMU)
-        Gk, _unused = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gk, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, False, SPLIT, PREC, EMU)
+        Gv = Gk  # unused (PART 3) and carried unchanged: never the updated Gk, which would be a second accumulator
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, 3, SPLIT, PREC, EMU)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, 3, SPLIT, PREC, EMU)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, 3, SPLIT, PREC, EMU)
         # re-read rather than hold ka through the sweeps (registers)
         dq += tl.sum(tl.reshape(_gather(KA, ja, ok, d, DH, DP) * Gk, (G, BA, DP)), 1)
 
@@ -346,7 +365,9 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        JA: tl.constexpr, BU: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                       PREC: tl.constexpr, EMU: tl.constexpr):
+                       PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+    """PART 0: dka and dva; 1: dka only; 2: dva only (two launches where one kernel holding
+    both lane accumulators would spill, head size 128 and up)."""
     R: tl.constexpr = JA * BU
     n = tl.program_id(1).to(tl.int64)
     ja0 = tl.program_id(0) * JA
@@ -389,21 +410,28 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
         ok = (ja_r < Tk) & (i_r >= 0) & (i_r < Tq) & (up < Wa)
         p_r = _pos(i_r, offset, Tk, CAUSAL)
         lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja_r, ok, d, DH, DP), dt, EMU)
-        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja_r, ok, d, DH, DP), dt, EMU)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja_r, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja_r, ok, d, DH, DP), dt, EMU,
+                           SPLIT >= 2 and PART != 2)
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
         Gk = tl.zeros((R, DP), tl.float32)
-        Gv = tl.zeros((R, DP), tl.float32)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, True, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, True, SPLIT, PREC, EMU)
-        dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
-        dv += tl.sum(tl.reshape(_gather(DO, i_r, ok, d, DH, DP) * Gv, (JA, BU, DP)), 1)
+        Gv = Gk  # carried unchanged when PART is 1
+        if PART != 1:
+            Gv = tl.zeros((R, DP), tl.float32)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
+        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+        if PART != 2:
+            dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
+        if PART != 1:
+            dv += tl.sum(tl.reshape(_gather(DO, i_r, ok, d, DH, DP) * Gv, (JA, BU, DP)), 1)
 
     jo = ja0 + tl.arange(0, JA)
     mask = (jo < Tk)[:, None] & (d[None, :] < DH)
-    tl.store(DKA + jo[:, None] * DH + d[None, :], _lowp(dk * scale, dt, EMU).to(dt), mask=mask)
-    tl.store(DVA + jo[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
+    if PART != 2:
+        tl.store(DKA + jo[:, None] * DH + d[None, :], _lowp(dk * scale, dt, EMU).to(dt), mask=mask)
+    if PART != 1:
+        tl.store(DVA + jo[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
 
 
 @triton.jit
@@ -411,8 +439,9 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
                Tk, offset, Wa, Wb, qk_scale, d,
                CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                G: tl.constexpr, BA: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
-               PREC: tl.constexpr, EMU: tl.constexpr):
-    """Accumulate into the b-key block j the lane tiles of queries [i_start, i_end)."""
+               PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+    """Accumulate into the b-key block j the lane tiles of queries [i_start, i_end):
+    dk (PART 0, 1) and dv (PART 0, 2; needs no dP)."""
     R: tl.constexpr = G * BA
     dt = KA.dtype.element_ty
     r = tl.arange(0, R)
@@ -430,18 +459,21 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
             tp = tb + t_r
             ja = p_r - tp
             ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-            A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU)
-            Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU)
+            A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+            Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
+                               SPLIT >= 2 and PART != 2)
             lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-            ST = _pair_dot_t(kb, A, A_lo, SPLIT, PREC)  # (BB, R)
+            ST = _pair_dot_t(kb, A, A_lo, SPLIT >= 1, PREC)  # (BB, R)
             ST = ST - lse2[None, :]
             if MASKED:
                 ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
             PT = tl.math.exp2(ST)
-            dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT, PREC)
-            dST = PT * (dPT - delta[None, :])
-            dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
-            dv = tl.dot(_lowp(PT, dt, EMU), Bm, dv, input_precision=PREC)
+            if PART != 2:
+                dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT >= 2, PREC)
+                dST = PT * (dPT - delta[None, :])
+                dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
+            if PART != 1:
+                dv = tl.dot(_lowp(PT, dt, EMU), Bm, dv, input_precision=PREC)
     return dk, dv
 
 
@@ -450,7 +482,8 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
                        Tq, Tk, offset, Wa, Wb, qk_scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                       PREC: tl.constexpr, EMU: tl.constexpr):
+                       PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+    """PART 0: dkb and dvb; 1: dkb only; 2: dvb only (as the slot-a kernel)."""
     n = tl.program_id(1).to(tl.int64)
     c0 = tl.program_id(0) * BB
     Q += n * Tq * DH
@@ -483,17 +516,21 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
         mid_lo = 0
         mid_hi = Tq
     dk = tl.zeros((BB, DP), tl.float32)
-    dv = tl.zeros((BB, DP), tl.float32)
+    dv = dk  # carried unchanged when PART is 1
+    if PART != 1:
+        dv = tl.zeros((BB, DP), tl.float32)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_lo, mid_lo,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU)
+                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_lo, mid_hi,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, False, SPLIT, PREC, EMU)
+                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, False, SPLIT, PREC, EMU, PART)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_hi, i_hi,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU)
+                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
     mask = (j < Tk)[:, None] & (d[None, :] < DH)
     # the lanes carry scale * log2(e): dkb = scale * dS^T @ (q * ka) = ln(2) * dS^T @ A
-    tl.store(DKB + j[:, None] * DH + d[None, :], _lowp(dk * 0.6931471805599453, dt, EMU).to(dt), mask=mask)
-    tl.store(DVB + j[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
+    if PART != 2:
+        tl.store(DKB + j[:, None] * DH + d[None, :], _lowp(dk * 0.6931471805599453, dt, EMU).to(dt), mask=mask)
+    if PART != 1:
+        tl.store(DVB + j[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
 
 
 # -----------------------------------------------------------------------------
@@ -522,35 +559,88 @@ def _lanes(span, rows, n_groups):
     return groups, per
 
 
+def _warps(rows):
+    """One warp group (4 warps) per 64 rows of a tile: Hopper's wgmma gives each warp group
+    64 rows, so 8 warps on a 64-row tile would compute every tile twice (or split its
+    columns and recompute the softmax operands). Fewer rows (short sequences): mma.sync,
+    a warp per 16 rows."""
+    return max(1, min(8, rows // 16))
+
+
 def _modes(dtype):
     """(dot input precision, bf16 emulation) for the input dtype."""
     emu = _INTERPRET and dtype == torch.bfloat16
     return ('ieee' if dtype == torch.float32 or emu else 'tf32'), emu
 
 
-def _configs(Tq, Tk, dh, wa, wb, override=None):
-    """Per kernel: block sizes, warps and pipeline stages. Rows of 128 lanes at dh <= 64 (64
-    above), 8 warps from dh 64 on: with these ptxas reports no register spills on sm_90 at
-    dh 64; at dh 128 the backward kernels spill a few hundred bytes. `override` (tests): flat
-    keys G, BA (lane kernels), BB (their column blocks), JA, BU (slot-a kernel), BBD (the
-    slot-b kernel's key block), num_warps, num_stages, applied to every kernel they fit."""
+SPLITS = {'none': 0, 'logits': 1, 'both': 2}
+
+
+def default_split(dtype):
+    """How the lane products enter the backward's matmuls (see ha3_backward): 0 = rounded to
+    the input dtype, 1 = the logits' operand as hi + lo, 2 = the logits' and dP's. fp32: 0."""
+    return 0 if dtype == torch.float32 else SPLITS[DEFAULT_SPLIT]
+
+
+DEFAULT_SPLIT = 'both'
+SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two launches
+
+# Tiles per (dtype class, padded head size), each kernel's (rows, cols, pipeline stages[,
+# warps]): the lane kernels' (forward, dq, slot a; da_k: slot a's dk launch where it
+# differs) lane rows and b-key columns; the slot-b kernel's b-key rows and lane columns.
+# Rows are 64 per warp group (see _warps). From 128 on, each slot's dk and dv are two
+# launches (SPLIT_DA_FROM); db_k: slot b's dk launch's own lanes. Chosen with
+# tools/compile_check.py: the largest tiles with no register spill on sm_90 (with the
+# default split) and shared memory within the limit. At 128, dq and slot a's dk
+# spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
+# take two: spill-free, but the second computes the logits and dP again (5 tile matmuls
+# per step instead of 3).
+TILES = {
+    'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
+            32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
+            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2)),
+            128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
+                      db_k=(64, 16, 2)),
+            256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
+    'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
+             32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
+             64: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(32, 32, 2)),
+             128: dict(fwd=(32, 32, 2), dq=(32, 16, 2), da=(32, 16, 2), db=(32, 32, 2)),
+             256: dict(fwd=(32, 16, 1), dq=(16, 16, 1), da=(16, 16, 1), db=(16, 16, 1))},
+}
+
+
+def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16):
+    """Per kernel: block sizes, warps and pipeline stages, from TILES, shrunk to what short
+    sequences need. `override` (tests): flat keys G, BA (lane kernels), BB (their column
+    blocks), JA, BU (slot-a kernel), BBD (the slot-b kernel's key rows), num_warps,
+    num_stages, applied to every kernel they fit."""
     dp = max(16, _pow2(dh))
     span_b = min(wb, Tk)
+    t = TILES['fp32' if dtype == torch.float32 else 'low'][dp]
+    parts = (1, 2) if dp >= SPLIT_DA_FROM else (0,)
 
     def cols(bb, spread):  # no wider than the b keys one tile can see
         return max(16, min(bb, _pow2(span_b + spread)))
 
-    def by_query(rows, bb, warps):
+    def by_query(rows, bb, stages, warps=None):
         G, BA = _lanes(min(wa, Tk), rows, Tq)
-        return dict(G=G, BA=BA, BB=cols(bb, G), num_warps=warps, num_stages=2)
+        warps = warps if warps and G * BA == rows else _warps(G * BA)  # a shrunk tile: its own
+        return dict(G=G, BA=BA, BB=cols(bb, G), num_warps=warps, num_stages=stages)
 
-    fwd = by_query(128 if dp <= 64 else 64, 64 if dp <= 128 else 32, 4 if dp <= 32 else 8)
-    dq = dict(fwd)
-    JA, BU = _lanes(min(wa, Tq), 128 if dp <= 32 else 64, Tk)  # a keys owned, queries per key
-    da = dict(JA=JA, BU=BU, BB=cols(64 if dp <= 64 else 32, JA + BU),
-              num_warps=4 if dp <= 16 else 8, num_stages=2)
-    db = by_query(128 if dp <= 32 else 64, 64, 4 if dp <= 16 else 8)
-    db['BB'] = max(16, min(64 if dp <= 128 else 32, _pow2(Tk)))
+    fwd = by_query(*t['fwd'])
+    dq = by_query(*t['dq'])
+    rows, bb, stages = t['da'][:3]
+    JA, BU = _lanes(min(wa, Tq), rows, Tk)  # a keys owned, queries per key
+    da = dict(JA=JA, BU=BU, BB=cols(bb, JA + BU), num_warps=_warps(JA * BU), num_stages=stages, PARTS=parts)
+    if 'da_k' in t and len(t['da_k']) > 3 and JA * BU == t['da_k'][0]:
+        da['K_WARPS'] = t['da_k'][3]  # warps of the dk launch (PART 1)
+    rows, lanes, stages = t['db']
+    G, BA = _lanes(min(wa, Tk), lanes, Tq)
+    BBD = max(16, min(rows, _pow2(Tk)))
+    db = dict(G=G, BA=BA, BB=BBD, num_warps=_warps(BBD), num_stages=stages, PARTS=parts)
+    if 'db_k' in t and BBD == t['db_k'][0]:  # the dk launch's own lanes (PART 1)
+        db['K_G'], db['K_BA'] = _lanes(min(wa, Tk), t['db_k'][1], Tq)
     o = override or {}
     for c in (fwd, dq, da):
         c.update({k: o[k] for k in ('G', 'BA', 'BB', 'JA', 'BU', 'num_warps', 'num_stages') if k in o and k in c})
@@ -558,6 +648,17 @@ def _configs(Tq, Tk, dh, wa, wb, override=None):
     if 'BBD' in o:
         db['BB'] = o['BBD']
     return dp, fwd, dq, da, db
+
+
+def _launch(c, part):
+    """A backward kernel's launch options for one PART: its configuration less the plan's
+    keys, with the dk launch's own warps where it has them."""
+    out = {k: v for k, v in c.items() if k not in ('PARTS', 'K_WARPS', 'K_G', 'K_BA')}
+    if part == 1:
+        out.update({k[2:]: v for k, v in c.items() if k in ('K_G', 'K_BA')})
+        if 'K_WARPS' in c:
+            out['num_warps'] = c['K_WARPS']
+    return out
 
 
 def _head_chunks(N, most=65535):
@@ -576,45 +677,74 @@ def _check(q, ks_vs, what):
                              f"got {tuple(t.shape)}")
         if t.dtype != q.dtype:
             raise ValueError(f"{what}: all inputs must share q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{what}: all inputs must be on q's device {q.device}, got {t.device}")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"{what}: dtype {q.dtype} unsupported; use float32, float16 or bfloat16")
     if not 1 <= dh <= 256:
         raise ValueError(f"{what}: head size {dh} unsupported; 1 <= dh <= 256")
 
 
-def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None):
+def _split_mode(split_products, dtype):
+    """SPLITS' number for a split_products argument (None: DEFAULT_SPLIT); fp32: 0."""
+    if dtype == torch.float32:
+        return 0
+    if split_products is None:
+        return default_split(dtype)
+    if isinstance(split_products, bool):
+        return 2 if split_products else 0
+    if split_products not in SPLITS:
+        raise ValueError(f"split_products must be one of {', '.join(SPLITS)} or None, not {split_products!r}")
+    return SPLITS[split_products]
+
+
+def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, return_fp32=False,
+                split_products=None):
     """Order-3 HyperAttention forward. q (N, Tq, dh); k1, k2, v1, v2 (N, Tk, dh), one dtype
     (fp32, bf16 or fp16). Returns out (N, Tq, dh) in that dtype and lse (N, Tq) float32,
-    the logsumexp of the scaled logits over the visible pairs (-inf where there is none).
-    `config` overrides block sizes (tests)."""
+    the logsumexp of the scaled logits over the visible pairs (-inf where there is none);
+    with return_fp32 also the output in float32 (bf16/fp16 inputs; None for fp32), which
+    ha3_backward takes as `out` for a more accurate D_i = dO_i . out_i. split_products:
+    'logits' or 'both' form the logits from the lane product q*ka as hi + lo (see
+    ha3_backward; pass the same to it). `config` overrides block sizes (tests)."""
     _check(q, (k1, k2, v1, v2), "ha3_forward")
     q, k1, k2, v1, v2 = (t.contiguous() for t in (q, k1, k2, v1, v2))
     N, Tq, dh = q.shape
     Tk = k1.size(1)
     out = torch.empty_like(q)
+    keep = return_fp32 and q.dtype != torch.float32
+    out32 = torch.empty(q.shape, dtype=torch.float32, device=q.device) if keep else None
     lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
+    result = (out, lse, out32) if return_fp32 else (out, lse)
     if N * Tq == 0:
-        return out, lse
+        return result
     if Tk == 0:
-        return out.zero_(), lse.fill_(float('-inf'))
+        out.zero_(), lse.fill_(float('-inf'))
+        if keep:
+            out32.zero_()
+        return result
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
-    dp, c, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config)
+    dp, c, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config, q.dtype)
     prec, emu = _modes(q.dtype)
-    for h in _head_chunks(N):
-        _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), h.stop - h.start)](
-            q[h], ka[h], kb[h], va[h], vb[h], out[h], lse[h], Tq, Tk, offset, wa, wb, float(scale) * LOG2E,
-            CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, **c)
-    return out, lse
+    with device_of(q):
+        for h in _head_chunks(N):
+            _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), h.stop - h.start)](
+                q[h], ka[h], kb[h], va[h], vb[h], out[h], (out32 if keep else out)[h], lse[h], Tq, Tk, offset,
+                wa, wb, float(scale) * LOG2E, CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, KEEP32=keep,
+                SPLIT=min(_split_mode(split_products, q.dtype), 1), **c)
+    return result
 
 
 def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale,
-                 *, split_products=True, config=None):
+                 *, split_products=None, config=None):
     """Gradients (dq, dk1, dk2, dv1, dv2), in the input dtype, of <dout, out> for the
-    forward above, from its out and lse. Deterministic: no atomics; every gradient row is
-    summed by one program in a fixed order. split_products (bf16/fp16 inputs): the lane
-    products q*ka and dO*va enter the logit and dP matmuls as hi + lo, two matmuls each,
-    which keeps bf16 gradients within ~1.5x of bf16 SDPA's error (~2x without)."""
+    forward above, from its out (best its float32 output) and lse. Deterministic: no
+    atomics; every gradient row is summed by one program in a fixed order.
+    split_products (bf16/fp16 inputs): how the lane products q*ka and dO*va, which the
+    input dtype rounds to half their digits, enter the logit and dP matmuls: 'none'
+    (rounded: 11 tile matmuls per step), 'logits' (the logits' as hi + lo, two matmuls:
+    14), 'both' (17), or None for DEFAULT_SPLIT; the same as the forward's. See docs."""
     _check(q, (k1, k2, v1, v2), "ha3_backward")
     q, k1, k2, v1, v2, out, dout = (t.contiguous() for t in (q, k1, k2, v1, v2, out, dout))
     lse = lse.contiguous().float()
@@ -624,24 +754,69 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     dk1, dk2, dv1, dv2 = (torch.zeros_like(t) for t in (k1, k2, v1, v2))
     if N * Tq == 0 or Tk == 0:
         return dq, dk1, dk2, dv1, dv2
+    split = _split_mode(split_products, q.dtype)
     delta = (dout.float() * out.float()).sum(-1)  # D_i = dO_i . out_i, (N, Tq)
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
-    dp, _, cq, ca, cb = _configs(Tq, Tk, dh, wa, wb, config)
+    dp, _, cq, ca, cb = _configs(Tq, Tk, dh, wa, wb, config, q.dtype)
     prec, emu = _modes(q.dtype)
-    common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split_products and q.dtype != torch.float32, PREC=prec, EMU=emu)
+    common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu)
     qk_scale = float(scale) * LOG2E
-    for h in _head_chunks(N):
-        ins = (q[h], ka[h], kb[h], va[h], vb[h], dout[h], lse[h], delta[h])
-        _ha3_bwd_dq_kernel[(triton.cdiv(Tq, cq['G']), h.stop - h.start)](
-            *ins, dq[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), **common, **cq)
-        _ha3_bwd_da_kernel[(triton.cdiv(Tk, ca['JA']), h.stop - h.start)](
-            *ins, dka[h], dva[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), **common, **ca)
-        _ha3_bwd_db_kernel[(triton.cdiv(Tk, cb['BB']), h.stop - h.start)](
-            *ins, dkb[h], dvb[h], Tq, Tk, offset, wa, wb, qk_scale, **common, **cb)
+    with device_of(q):
+        for h in _head_chunks(N):
+            ins = (q[h], ka[h], kb[h], va[h], vb[h], dout[h], lse[h], delta[h])
+            _ha3_bwd_dq_kernel[(triton.cdiv(Tq, cq['G']), h.stop - h.start)](
+                *ins, dq[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), **common, **cq)
+            for part in ca['PARTS']:
+                _ha3_bwd_da_kernel[(triton.cdiv(Tk, ca['JA']), h.stop - h.start)](
+                    *ins, dka[h], dva[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), PART=part, **common,
+                    **_launch(ca, part))
+            for part in cb['PARTS']:
+                _ha3_bwd_db_kernel[(triton.cdiv(Tk, cb['BB']), h.stop - h.start)](
+                    *ins, dkb[h], dvb[h], Tq, Tk, offset, wa, wb, qk_scale, PART=part, **common,
+                    **_launch(cb, part))
     return dq, dk1, dk2, dv1, dv2
 
 
 # Decided when the kernels are decorated: TRITON_INTERPRET=1 at import runs them on CPU tensors.
 _INTERPRET = not isinstance(_ha3_fwd_kernel, triton.runtime.JITFunction)
+
+
+# -----------------------------------------------------------------------------
+# what tools/compile_check.py compiles and counts
+
+def plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, override=None):
+    dp, fwd, dq, da, db = _configs(Tq, Tk, dh, wa, wb, override, dtype)
+    return dict(dp=dp, fwd=fwd, dq=dq, da=da, db=db)
+
+
+def kernels_of(p, dtype):
+    """(name, kernel, configuration) of the forward and the three backward kernels."""
+    yield 'ha_fwd', _ha3_fwd_kernel, dict(p['fwd'], KEEP32=dtype != torch.float32)  # SPLIT: compile_check
+    yield 'ha_bwd_dq', _ha3_bwd_dq_kernel, p['dq']
+    for part in p['da']['PARTS']:
+        yield ('ha_bwd_da', 'ha_bwd_dka', 'ha_bwd_dva')[part], _ha3_bwd_da_kernel, dict(_launch(p['da'], part), PART=part)
+    for part in p['db']['PARTS']:
+        yield ('ha_bwd_db', 'ha_bwd_dkb', 'ha_bwd_dvb')[part], _ha3_bwd_db_kernel, dict(_launch(p['db'], part), PART=part)
+
+
+def step_shape(name, c, split):
+    """(rows, cols, tile matmuls per step that the formula needs, of which useful by the
+    convention backward = 2 x forward). A step is one tile of (lane, b key) pairs; split:
+    SPLITS' number (each split operand adds one matmul)."""
+    if name == 'ha_fwd':
+        return c['G'] * c['BA'], c['BB'], 2, 2
+    if name == 'ha_bwd_dq':  # logits, dP, Gk = dS kb
+        return c['G'] * c['BA'], c['BB'], 3, 1
+    if name == 'ha_bwd_da':  # logits, dP, Gk, Gv = P vb
+        return c['JA'] * c['BU'], c['BB'], 4, 2
+    if name == 'ha_bwd_dka':  # logits, dP, Gk
+        return c['JA'] * c['BU'], c['BB'], 3, 1
+    if name == 'ha_bwd_dva':  # logits, Gv
+        return c['JA'] * c['BU'], c['BB'], 2, 1
+    if name == 'ha_bwd_dkb':  # logits^T, dP^T, dkb = dS^T A
+        return c['BB'], c['G'] * c['BA'], 3, 1
+    if name == 'ha_bwd_dvb':  # logits^T, dvb = P^T B
+        return c['BB'], c['G'] * c['BA'], 2, 0
+    return c['BB'], c['G'] * c['BA'], 4, 1  # logits^T, dP^T, dkb = dS^T A, dvb = P^T B

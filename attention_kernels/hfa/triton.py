@@ -20,16 +20,17 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, block_sizes, dot_precision,
-                                   head_block, key_range, query_range, upcast_dots)
+from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, block_sizes, device_of, dot_precision,
+                                             factor_offset, full_blocks, head_block, key_range, query_range,
+                                             upcast_dots)
 
 
 @triton.jit
 def _tile(q_ptr, k_ptr, sq, sk, a: tl.constexpr, rm, rn, rd, Tq, Tk, D: tl.constexpr,
           UP: tl.constexpr, PREC: tl.constexpr):
     """scale-free score tile q_a k_a^T (BM, BN), fp32."""
-    q = tl.load(q_ptr + a * sq + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < Tq) & (rd[None, :] < D), other=0.0)
-    k = tl.load(k_ptr + a * sk + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
+    q = tl.load(q_ptr + factor_offset(sq, a) + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < Tq) & (rd[None, :] < D), other=0.0)
+    k = tl.load(k_ptr + factor_offset(sk, a) + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
     return _mm(q, tl.trans(k), UP, PREC)
 
 
@@ -54,8 +55,38 @@ def _product_except(t1, t2, t3, t4, skip: tl.constexpr, A: tl.constexpr):
 @triton.jit
 def _score(q, k_ptr, sk, a: tl.constexpr, rn, rd, Tk, D: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """q k_a^T (BM, BN) for a loaded query tile q, fp32."""
-    k = tl.load(k_ptr + a * sk + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
+    k = tl.load(k_ptr + factor_offset(sk, a) + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
     return _mm(q, tl.trans(k), UP, PREC)
+
+
+@triton.jit
+def _fwd_sweep(m_i, l_i, acc, q1, q2, q3, q4, k_ptr, v_ptr, sk_a, pos, rd, Tk, window, scale, start0, end,
+               A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, UP: tl.constexpr,
+               PREC: tl.constexpr, MASKED: tl.constexpr):
+    """Online softmax over the key blocks [start0, end); MASKED False: blocks that every row
+    of the tile sees whole (full_blocks), no visibility arithmetic."""
+    for start in range(start0, end, BN):
+        rn = start + tl.arange(0, BN)
+        t = _score(q1, k_ptr, sk_a, 0, rn, rd, Tk, D, UP, PREC) * scale
+        if A >= 2:
+            t = t * (_score(q2, k_ptr, sk_a, 1, rn, rd, Tk, D, UP, PREC) * scale)
+        if A >= 3:
+            t = t * (_score(q3, k_ptr, sk_a, 2, rn, rd, Tk, D, UP, PREC) * scale)
+        if A >= 4:
+            t = t * (_score(q4, k_ptr, sk_a, 3, rn, rd, Tk, D, UP, PREC) * scale)
+        if MASKED:
+            s = tl.where(_visible(pos, rn, Tk, window, CAUSAL), t * LOG2E, float('-inf'))
+        else:
+            s = t * LOG2E
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
+        acc = acc * alpha[:, None] + _mm(_cast(p, v.dtype, UP), v, UP, PREC)
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -75,32 +106,18 @@ def _hfa_fwd(Q, K, V, O, O32, LSE, sq_a, sk_a, Tq, Tk, offset, window, scale,
     if A >= 2:
         q2 = tl.load(qp + sq_a, mask=qm, other=0.0)
     if A >= 3:
-        q3 = tl.load(qp + 2 * sq_a, mask=qm, other=0.0)
+        q3 = tl.load(qp + factor_offset(sq_a, 2), mask=qm, other=0.0)
     if A >= 4:
-        q4 = tl.load(qp + 3 * sq_a, mask=qm, other=0.0)
+        q4 = tl.load(qp + factor_offset(sq_a, 3), mask=qm, other=0.0)
     m_i = tl.full([BM], float('-inf'), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
     acc = tl.full([BM, BD], 0.0, tl.float32)
     lo, hi = key_range(pid_m * BM, BM, BN, Tq, Tk, offset, window, CAUSAL)
-    for start in range(lo, hi, BN):
-        rn = start + tl.arange(0, BN)
-        t = _score(q1, k_ptr, sk_a, 0, rn, rd, Tk, D, UP, PREC) * scale
-        if A >= 2:
-            t = t * (_score(q2, k_ptr, sk_a, 1, rn, rd, Tk, D, UP, PREC) * scale)
-        if A >= 3:
-            t = t * (_score(q3, k_ptr, sk_a, 2, rn, rd, Tk, D, UP, PREC) * scale)
-        if A >= 4:
-            t = t * (_score(q4, k_ptr, sk_a, 3, rn, rd, Tk, D, UP, PREC) * scale)
-        vis = _visible(pos, rn, Tk, window, CAUSAL)
-        s = tl.where(vis, t * LOG2E, float('-inf'))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + n * Tk * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
-        acc = acc * alpha[:, None] + _mm(_cast(p, v.dtype, UP), v, UP, PREC)
-        m_i = m_new
+    a, b = full_blocks(pid_m * BM, BM, BN, lo, hi, Tq, Tk, offset, window, CAUSAL)
+    kv = (q1, q2, q3, q4, k_ptr, V + n * Tk * D, sk_a, pos, rd, Tk, window, scale)
+    m_i, l_i, acc = _fwd_sweep(m_i, l_i, acc, *kv, lo, a, A, CAUSAL, D, BN, UP, PREC, True)
+    m_i, l_i, acc = _fwd_sweep(m_i, l_i, acc, *kv, a, b, A, CAUSAL, D, BN, UP, PREC, False)
+    m_i, l_i, acc = _fwd_sweep(m_i, l_i, acc, *kv, b, hi, A, CAUSAL, D, BN, UP, PREC, True)
     seen = l_i > 0.0  # a query that sees no key: output 0, logsumexp -inf
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) / LOG2E, float('-inf'))
@@ -172,10 +189,10 @@ def _hfa_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sq_a, sk_a, Tq, Tk, offset, window,
             k2 = tl.load(kp + sk_a, mask=km, other=0.0)
             dq2 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 2, A), k1.dtype, UP), k2, UP, PREC)
         if A >= 3:
-            k3 = tl.load(kp + 2 * sk_a, mask=km, other=0.0)
+            k3 = tl.load(kp + factor_offset(sk_a, 2), mask=km, other=0.0)
             dq3 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 3, A), k1.dtype, UP), k3, UP, PREC)
         if A >= 4:
-            k4 = tl.load(kp + 3 * sk_a, mask=km, other=0.0)
+            k4 = tl.load(kp + factor_offset(sk_a, 3), mask=km, other=0.0)
             dq4 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 4, A), k1.dtype, UP), k4, UP, PREC)
     dp = DQ + n * Tq * D + rm[:, None] * D + rd[None, :]
     om = (rm[:, None] < Tq) & (rd[None, :] < D)
@@ -184,9 +201,9 @@ def _hfa_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sq_a, sk_a, Tq, Tk, offset, window,
     if A >= 2:
         tl.store(dp + sq_a, _cast(dq2 * scale, ty, UP), mask=om)
     if A >= 3:
-        tl.store(dp + 2 * sq_a, _cast(dq3 * scale, ty, UP), mask=om)
+        tl.store(dp + factor_offset(sq_a, 2), _cast(dq3 * scale, ty, UP), mask=om)
     if A >= 4:
-        tl.store(dp + 3 * sq_a, _cast(dq4 * scale, ty, UP), mask=om)
+        tl.store(dp + factor_offset(sq_a, 3), _cast(dq4 * scale, ty, UP), mask=om)
 
 
 @triton.jit
@@ -215,10 +232,10 @@ def _hfa_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq_a, sk_a, Tq, Tk, offset, w
             q2 = tl.load(qp + sq_a, mask=qm, other=0.0)
             dk2 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 2, A), q1.dtype, UP)), q2, UP, PREC)
         if A >= 3:
-            q3 = tl.load(qp + 2 * sq_a, mask=qm, other=0.0)
+            q3 = tl.load(qp + factor_offset(sq_a, 2), mask=qm, other=0.0)
             dk3 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 3, A), q1.dtype, UP)), q3, UP, PREC)
         if A >= 4:
-            q4 = tl.load(qp + 3 * sq_a, mask=qm, other=0.0)
+            q4 = tl.load(qp + factor_offset(sq_a, 3), mask=qm, other=0.0)
             dk4 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 4, A), q1.dtype, UP)), q4, UP, PREC)
     om = (rn[:, None] < Tk) & (rd[None, :] < D)
     kp = DK + n * Tk * D + rn[:, None] * D + rd[None, :]
@@ -227,9 +244,9 @@ def _hfa_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq_a, sk_a, Tq, Tk, offset, w
     if A >= 2:
         tl.store(kp + sk_a, _cast(dk2 * scale, ty, UP), mask=om)
     if A >= 3:
-        tl.store(kp + 2 * sk_a, _cast(dk3 * scale, ty, UP), mask=om)
+        tl.store(kp + factor_offset(sk_a, 2), _cast(dk3 * scale, ty, UP), mask=om)
     if A >= 4:
-        tl.store(kp + 3 * sk_a, _cast(dk4 * scale, ty, UP), mask=om)
+        tl.store(kp + factor_offset(sk_a, 3), _cast(dk4 * scale, ty, UP), mask=om)
     tl.store(DV + n * Tk * D + rn[:, None] * D + rd[None, :], _cast(dv, DV.dtype.element_ty, UP), mask=om)
 
 
@@ -261,9 +278,10 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
     BD = head_block(D)
     BM, BN, warps, stages = block_sizes('hfa_fwd', BD, A, q.dtype)
     grid = (N, triton.cdiv(Tq, BM))
-    _hfa_fwd[grid](q, k, v, out, out32 if keep else out, lse, N * Tq * D, N * Tk * D, Tq, Tk, offset, window if causal else 0, scale,
-                   A=A, CAUSAL=causal, D=D, BD=BD, BM=BM, BN=BN, UP=upcast_dots(q.dtype),
-                   PREC=dot_precision(q.dtype), KEEP32=keep, num_warps=warps, num_stages=stages)
+    with device_of(q):
+        _hfa_fwd[grid](q, k, v, out, out32 if keep else out, lse, N * Tq * D, N * Tk * D, Tq, Tk, offset, window if causal else 0, scale,
+                       A=A, CAUSAL=causal, D=D, BD=BD, BM=BM, BN=BN, UP=upcast_dots(q.dtype),
+                       PREC=dot_precision(q.dtype), KEEP32=keep, num_warps=warps, num_stages=stages)
     return out, lse, out32
 
 
@@ -280,10 +298,23 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     common = dict(A=A, CAUSAL=causal, D=D, BD=BD, UP=upcast_dots(q.dtype), PREC=dot_precision(q.dtype))
     win = window if causal else 0
     BM, BN, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype)
-    _hfa_bwd_dq[(N, triton.cdiv(Tq, BM))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
-                                          offset, win, scale, BM=BM, BN=BN, num_warps=warps,
-                                          num_stages=stages, **common)
-    _hfa_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
-                                            offset, win, scale, BM=BM, BN=BN, num_warps=warps,
-                                            num_stages=stages, **common)
+    with device_of(q):
+        _hfa_bwd_dq[(N, triton.cdiv(Tq, BM))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
+                                              offset, win, scale, BM=BM, BN=BN, num_warps=warps,
+                                              num_stages=stages, **common)
+    with device_of(q):
+        _hfa_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
+                                                offset, win, scale, BM=BM, BN=BN, num_warps=warps,
+                                                num_stages=stages, **common)
     return dq, dk, dv
+
+
+def compiled_kernels(kind, base, BM, BN, dtype):
+    """For tools/compile_check.py: (name, kernel, constexprs, tile matmuls per step that the
+    formula needs, of which useful) of the forward ('fwd') or the backward ('bwd')."""
+    A = base['A']
+    if kind == 'fwd':
+        yield 'hfa_fwd', _hfa_fwd, dict(base, BM=BM, BN=BN, KEEP32=dtype != torch.float32), A + 1, A + 1
+    else:
+        yield 'hfa_bwd_dq', _hfa_bwd_dq, dict(base, BM=BM, BN=BN), 2 * A + 1, A
+        yield 'hfa_bwd_dkdv', _hfa_bwd_dkdv, dict(base, BM=BM, BN=BN), 2 * A + 2, A + 2

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (_cast, _mm, _visible, block_sizes, dot_precision, head_block, key_range,
+from attention_kernels.triton_common import (_cast, device_of, _mm, _visible, block_sizes, dot_precision, head_block, key_range,
                                    query_range, upcast_dots)
 
 
@@ -142,8 +142,9 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
         return out
     BD, meta = _meta(q, causal, norm, D)
     BM, BN, warps, stages = block_sizes('linear_fwd', BD, 1, q.dtype)
-    _linear_fwd[(N, triton.cdiv(Tq, BM))](q, k, v, out, Tq, Tk, offset, window if causal else 0, scale,
-                                          BM=BM, BN=BN, num_warps=warps, num_stages=stages, **meta)
+    with device_of(q):
+        _linear_fwd[(N, triton.cdiv(Tq, BM))](q, k, v, out, Tq, Tk, offset, window if causal else 0, scale,
+                                              BM=BM, BN=BN, num_warps=warps, num_stages=stages, **meta)
     return out
 
 
@@ -157,8 +158,20 @@ def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     BD, meta = _meta(q, causal, norm, D)
     BM, BN, warps, stages = block_sizes('linear_bwd', BD, 1, q.dtype)
     win = window if causal else 0
-    _linear_bwd_dq[(N, triton.cdiv(Tq, BM))](k, v, dout, dq, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
-                                             num_warps=warps, num_stages=stages, **meta)
-    _linear_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, dk, dv, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
-                                               num_warps=warps, num_stages=stages, **meta)
+    with device_of(q):
+        _linear_bwd_dq[(N, triton.cdiv(Tq, BM))](k, v, dout, dq, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
+                                                 num_warps=warps, num_stages=stages, **meta)
+    with device_of(q):
+        _linear_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, dk, dv, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
+                                                   num_warps=warps, num_stages=stages, **meta)
     return dq, dk, dv
+
+
+def compiled_kernels(base, BD, dtype):
+    """For tools/compile_check.py: (name, kernel, constexprs, (warps, stages), (rows, cols)
+    of a step, tile matmuls per step that the formula needs, of which useful)."""
+    BM, BN, w, s = block_sizes('linear_fwd', BD, 1, dtype)
+    yield 'linear_fwd', _linear_fwd, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 2
+    BM, BN, w, s = block_sizes('linear_bwd', BD, 1, dtype)
+    yield 'linear_bwd_dq', _linear_bwd_dq, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 1
+    yield 'linear_bwd_dkdv', _linear_bwd_dkdv, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 4, 3
