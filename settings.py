@@ -1,6 +1,6 @@
 """
-Every setting of train.py and sample.py, as data: its default, what it means and the values
-it accepts. configurator.py takes the defaults from here, `--help` prints these tables, and
+Every setting of train.py, sample.py and interactions.py, as data: its default, what it means
+and the values it accepts. configurator.py takes the defaults from here, `--help` prints these tables, and
 check() refuses a value outside its range with one line, before anything is written.
 compare.py and the tests read the same tables. Defaults are nanoGPT's (GPT-2 124M on
 OpenWebText), under nanoGPT's names, so a nanoGPT config file runs unchanged.
@@ -114,6 +114,28 @@ SAMPLE = {
         'compile': S(False, "accepted for nanoGPT's command lines; sampling runs eagerly (as in nanoGPT, where "
                             "the compiled module does not reach generate)"),
         'use_cache': S(True, "keep keys and values between steps (False: recompute the context)"),
+    },
+}
+
+
+INTERACTIONS = {
+    '': {
+        'out_dir': S('out', "the training run whose ckpt.pt to read"),
+        'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a "
+                                 "Hugging Face GPT-2 folder"),
+        'layer': S(0, "which layer's heads to read (0: the first, read exactly in the token basis)", '>= 0'),
+        'positions': S('mean', "'mean': averaged over positions (after ln_1); 'none': no position embedding; or a "
+                               "position, e.g. '5'"),
+        'ln': S(True, "apply the layer's LayerNorm (ln_1) to the token vectors, as the layer does"),
+        'data_dir': S('', "prepared data whose train.bin gives token counts; default: data/<the checkpoint's dataset>"),
+        'top_n': S(0, "read the top_n most frequent tokens; 0: all of them up to 256 (pairs), 96 (HA triples)"),
+        'min_freq': S(3e-4, "leave out tokens rarer than this in the training data (their embeddings are barely "
+                            "trained)", '[0, 1]'),
+        'top_k': S(20, "pairs / triples listed per head"),
+        'freq_tokens': S(100_000_000, "count token frequencies over the first this many training tokens (0: all)",
+                         '>= 0'),
+        'report_dir': S('', "where to write; default: out_dir/interactions (GPT-2: interactions-<name>)"),
+        'figures': S(True, "write the heatmaps"),
     },
 }
 
