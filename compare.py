@@ -35,8 +35,6 @@ defaults in a dict `_compare` (train.py ignores names that start with '_'), e.g.
 `_compare = dict(variants='sa,hfa2', seeds='3', match='params')`; the command line wins.
 """
 
-import argparse
-import ast
 import csv
 import json
 import math
@@ -48,147 +46,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 
+from errors import UserError
+from grid import (REFERENCE, as_args, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci, parse_args,
+                  plan, resolve, seed_text, seeds_of, tokens_text, welch_p)  # noqa: F401 (resolve: for the GPU checks)
+
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / 'train.py'
-
-# named variants: a name and the train.py settings that make it
-PRESETS = {
-    'sa': {'attention': 'sa'},
-    'linear': {'attention': 'linear'},
-    'hfa': {'attention': 'hfa_v1'},
-    'hfa_v2': {'attention': 'hfa_v2'},
-    'hfa2': {'attention': 'hfa_v1', 'hfa_order': 2},  # A = 2 score factors
-    'hfa4': {'attention': 'hfa_v1', 'hfa_order': 4},  # A = 4: our reading of [IA]'s "order 4"
-    'hybrid': {'attention': 'hfa_v1', 'n_hfa_head': 2},  # 2 HFA heads, the rest SA
-    'ha': {'attention': 'ha'},
-    'ha_noshare': {'attention': 'ha', 'ha_share_kv': False},
-    'ha_share': {'attention': 'ha', 'ha_share_kv': True},
-}
-REFERENCE = 'sa'
-
-
-# -----------------------------------------------------------------------------
-# configuration: train.py's defaults, then the config file, the extras, the variant
-
-def train_defaults():
-    """train.py's default config: its top-level `name = literal` assignments before `config_keys`."""
-    defaults = {}
-    for node in ast.parse(TRAIN.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == 'config_keys' for t in node.targets):
-            break  # the end of the configuration block
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                defaults[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass  # computed values (e.g. 5 * 8) are resolved below
-    defaults['gradient_accumulation_steps'] = 5 * 8
-    return defaults
-
-
-def as_args(overrides):
-    return [f'--{k}={v}' for k, v in overrides.items()]
-
-
-def resolve(config_file, extra, overrides):
-    """The full train.py config a run will see (the same parser train.py uses)."""
-    sys.path.insert(0, str(ROOT))
-    import configurator
-    argv = ([config_file] if config_file else []) + list(extra) + as_args(overrides)
-    return configurator.parse(train_defaults(), argv)[0]  # silently: train.py echoes what it applies
-
-
-def vocab_size(cfg):
-    import data
-    path = Path(cfg['data_dir']) if cfg['data_dir'] else ROOT / 'data' / cfg['dataset']
-    meta = data.read_meta(path) or {'tokenizer': 'gpt2', 'vocab_size': 50257}
-    v = meta.get('vocab_size', 50304)
-    return 50304 if meta.get('tokenizer') == 'gpt2' and v == 50257 else v  # as train.py
-
-
-def model_size(cfg, vocab):
-    """(non-embedding params, training FLOPs/token) of the model train.py would build."""
-    import torch
-    from model import GPT, GPTConfig
-    args = {k: cfg[k] for k in GPTConfig.__dataclass_fields__ if k in cfg}
-    args['vocab_size'] = vocab
-    with torch.device('meta'):  # shapes only: no memory, no time
-        model = GPT(GPTConfig(**args))
-    return model.get_num_params(), model.flops_per_token(cfg['block_size'])
-
-
-def tokens_per_iter(cfg):
-    return cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
-
-
-def match_size(cfg, vocab, target, measure, knob, multiple=1):
-    """The n_embd (a multiple of n_head and of `multiple`) or head_dim (a multiple of
-    `multiple`) whose size is closest to target. Sizes grow with either knob, so a bisection
-    finds the two candidates around the target and the closer one wins."""
-    index = 0 if measure == 'params' else 1
-    if knob == 'n_embd':
-        step = math.lcm(cfg['n_head'], multiple)
-        top = 4 * cfg['n_embd']
-    else:
-        step = multiple
-        top = 4 * (cfg['head_dim'] or cfg['n_embd'] // cfg['n_head'])
-    values = list(range(step, max(step, top) + 1, step))
-    size = lambda v: model_size({**cfg, knob: v}, vocab)[index]
-    lo, hi = 0, len(values) - 1  # the first value whose size reaches the target
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if size(values[mid]) < target else (lo, mid)
-    around = values[max(0, lo - 1):lo + 1]
-    return {knob: min(around, key=lambda v: abs(size(v) - target))}
-
-
-def literal(text):
-    """A Python literal if it is one (2, 1e-3, True), else the string itself, as configurator."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def plan(args):
-    """One entry per variant: its overrides (preset + matching) and resolved config."""
-    presets = {k: dict(v) for k, v in PRESETS.items()}
-    for name, *pairs in args.preset or []:
-        presets[name] = {k: literal(v) for k, v in (p.split('=', 1) for p in pairs)}
-    own_seeds = {n: p.pop('seeds') for n, p in presets.items() if 'seeds' in p}  # not a train.py key
-    names = [v.strip() for v in args.variants.split(',') if v.strip()]
-    unknown = [n for n in names if n not in presets]
-    if unknown:
-        sys.exit(f"unknown variant(s) {', '.join(unknown)}; presets: {', '.join(presets)} "
-                 f"(or define one: --preset NAME key=value ...)")
-    ref_cfg = resolve(args.config, args.extra, presets.get(REFERENCE, {'attention': 'sa'}))
-    vocab = vocab_size(ref_cfg)
-    try:
-        ref_params, ref_flops = model_size(ref_cfg, vocab)
-    except Exception as e:
-        sys.exit(f"the reference ({REFERENCE}) model of this config cannot be built: {e}")
-    ref_tokens = ref_cfg['max_iters'] * tokens_per_iter(ref_cfg)
-    variants = []
-    for name in names:
-        overrides = dict(presets[name])
-        cfg = resolve(args.config, args.extra, overrides)
-        if args.match != 'none' and name != REFERENCE:
-            target = ref_params if args.match == 'params' else ref_flops
-            overrides.update(match_size(cfg, vocab, target, args.match, args.match_by, args.match_multiple))
-        cfg = resolve(args.config, args.extra, overrides)
-        if args.match_tokens and cfg['max_iters'] * tokens_per_iter(cfg) != ref_tokens:
-            iters = max(1, round(ref_tokens / tokens_per_iter(cfg)))
-            overrides.update(max_iters=iters, lr_decay_iters=round(cfg['lr_decay_iters'] * iters / cfg['max_iters']))
-            cfg = resolve(args.config, args.extra, overrides)
-        try:
-            params, flops = model_size(cfg, vocab)
-        except Exception as e:  # train.py will fail on it too; that failure gets reported
-            print(f"warning: variant {name}: cannot build its model ({e})")
-            params, flops = None, None
-        dh = cfg['head_dim'] or cfg['n_embd'] // max(1, cfg['n_head'])
-        variants.append({'variant': name, 'overrides': overrides, 'cfg': cfg, 'seeds': own_seeds.get(name), 'params_planned': params,
-                         'flops_planned': flops, 'shape': f"L{cfg['n_layer']} H{cfg['n_head']} "
-                                                          f"d{cfg['n_embd']} dh{dh}"})
-    return variants
 
 
 # -----------------------------------------------------------------------------
@@ -263,22 +126,6 @@ def stderr_tail(run_dir, n=15):
     return '\n'.join(last.strip().splitlines()[-n:])
 
 
-def seeds_of(v, seeds):
-    """A variant's seeds: its preset's `seeds=` (a count or a list) if it has one, else the grid's."""
-    own = v.get('seeds')
-    if own is None:
-        return seeds
-    if isinstance(own, int):
-        return list(range(own))
-    return parse_list(','.join(map(str, own)) if isinstance(own, (list, tuple)) else str(own), 'seeds=')
-
-
-def seed_text(variants, seeds):
-    if any(v.get('seeds') is not None for v in variants):
-        return 'their own seeds'
-    return f'{len(seeds)} seeds'
-
-
 def grid_runs(args, variants, seeds):
     """Every (variant, seed, run_dir, state) of the grid, in the order they are started."""
     runs = []
@@ -287,17 +134,10 @@ def grid_runs(args, variants, seeds):
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
             diff = config_mismatch(run_dir, v['cfg'])
             if diff:  # never reuse or resume a run made with other settings
-                sys.exit(f"{run_dir} was trained with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
-                         f"use another --out, or delete that run")
+                raise UserError(f"{run_dir} was trained with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
+                                f"use another --out, or delete that run")
             runs.append((v, s, run_dir, run_state(run_dir, v['cfg']['max_iters'])))
     return runs
-
-
-def gpu_slots(args):
-    """CUDA_VISIBLE_DEVICES of each concurrent run: --gpus cut into groups of --nproc."""
-    if not args.gpus:
-        return [None] * max(1, args.jobs)
-    return [','.join(map(str, args.gpus[i:i + args.nproc])) for i in range(0, len(args.gpus), args.nproc)]
 
 
 def run_grid(args, variants, seeds):
@@ -340,66 +180,7 @@ def run_grid(args, variants, seeds):
 
 
 # -----------------------------------------------------------------------------
-# budgets: what a run will cost, before it is launched
-
-def budget(cfg, vocab, gpu='H100', mfu=0.30):
-    """Tokens, FLOPs (training, plus the evaluations' forward passes) and the GPU-hours
-    they take on `gpu` (its dense bf16 peak, hardware.py) at the assumed `mfu`."""
-    import hardware
-    params, fpt = model_size(cfg, vocab)
-    iters, tpi = cfg['max_iters'], tokens_per_iter(cfg)
-    n_evals = iters // cfg['eval_interval'] + 1 + (iters % cfg['eval_interval'] != 0)
-    eval_tokens = n_evals * 2 * cfg['eval_iters'] * cfg['batch_size'] * cfg['block_size']
-    flops = iters * tpi * fpt + eval_tokens * fpt / 3  # an evaluation is a forward: a third of a step
-    peak = hardware.cuda_peak(gpu)
-    if peak is None:
-        sys.exit(f"--est_gpu {gpu!r} is not in hardware.py's table; use one of "
-                 f"{', '.join(k for k, _ in hardware.PEAK_BF16_FLOPS)}")
-    return {'params': params, 'iters': iters, 'tokens_per_iter': tpi, 'tokens': iters * tpi,
-            'flops_per_token': fpt, 'flops': flops, 'gpu': gpu, 'mfu': mfu,
-            'gpu_hours': flops / (peak * mfu) / 3600}
-
-
-def budget_text(b):
-    return (f"{b['tokens'] / 1e9:.2f}B tokens ({b['iters']:,} iterations x {b['tokens_per_iter']:,}), "
-            f"{b['flops_per_token'] / 1e9:.2f} GFLOPs/token, {b['flops']:.2e} FLOPs, "
-            f"{b['gpu_hours']:,.1f} GPU-hours on {b['gpu']} at {b['mfu']:.0%} MFU")
-
-
-def config_budget_line(config_file, gpu='H100', mfu=0.30, n_gpus=8):
-    """The budget line a config file's header carries (tests/test_budgets.py checks it)."""
-    cfg = resolve(str(config_file), [], {})
-    b = budget(cfg, vocab_size(cfg), gpu, mfu)
-    return f"# Budget: {budget_text(b)} = {b['gpu_hours'] / n_gpus:,.1f} h on {n_gpus} x {gpu}"
-
-
-def makespan(hours, n_slots):
-    """Wall hours of runs started in this order on n_slots slots, each run on the first free one."""
-    ends = [0.0] * max(1, n_slots)
-    for h in hours:
-        i = ends.index(min(ends))
-        ends[i] += h
-    return max(ends)
-
-
-def grid_budget(args, variants, seeds):
-    """One budget per run (variant-major order, as run_grid starts them) and the totals."""
-    per_variant = {v['variant']: budget(v['cfg'], vocab_size(v['cfg']), args.est_gpu, args.est_mfu) for v in variants}
-    runs = [per_variant[v['variant']] for v in variants for _ in seeds_of(v, seeds)]
-    n_slots = len(gpu_slots(args)) if args.gpus else max(1, args.jobs)
-    total = {'runs': len(runs), 'tokens': sum(b['tokens'] for b in runs), 'flops': sum(b['flops'] for b in runs),
-             'gpu_hours': sum(b['gpu_hours'] for b in runs), 'slots': n_slots,
-             'wall_hours': makespan([b['gpu_hours'] / args.nproc for b in runs], n_slots)}
-    return per_variant, total
-
-
-def grid_budget_line(args, variants, seeds):
-    per_variant, t = grid_budget(args, variants, seeds)
-    gpus = len(args.gpus) if args.gpus else args.nproc * t['slots']
-    return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {seed_text(variants, seeds)}), "
-            f"{t['tokens'] / 1e9:.1f}B tokens, {t['flops']:.2e} FLOPs, {t['gpu_hours']:,.0f} GPU-hours on "
-            f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {t['wall_hours']:,.1f} h on {gpus} GPUs")
-
+# what the grid will cost, before it is launched (grid.budget)
 
 def dry_run(args, variants, seeds):
     """Print every run with its command and budget, and the grid's totals; run nothing."""
@@ -412,17 +193,17 @@ def dry_run(args, variants, seeds):
         b = per_variant[v['variant']]
         gpus = f"CUDA_VISIBLE_DEVICES={slots[i]} " if args.gpus and i < len(slots) else \
             'CUDA_VISIBLE_DEVICES=<next free> ' if args.gpus else ''
-        print(f"\n{v['variant']} seed {s} [{state}]: {b['tokens'] / 1e9:.3g}B tokens, {b['flops']:.2e} FLOPs, "
-              f"{b['gpu_hours']:,.1f} GPU-hours\n  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
-    print(f"\ntotal: {total['tokens'] / 1e9:.3g}B tokens, {total['flops']:.2e} FLOPs, "
-          f"{total['gpu_hours']:,.1f} GPU-hours; {total['wall_hours']:,.1f} h of wall time with "
+        print(f"\n{v['variant']} seed {s} [{state}]: {tokens_text(b['tokens'])} tokens, {b['flops']:.2e} FLOPs, "
+              f"{gpu_time_text(b['gpu_hours'])}\n  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
+    print(f"\ntotal: {tokens_text(total['tokens'])} tokens, {total['flops']:.2e} FLOPs, "
+          f"{gpu_time_text(total['gpu_hours'])}; {gpu_time_text(total['wall_hours'], unit='')} of wall time with "
           f"{total['slots']} run{'s' * (total['slots'] > 1)} at a time"
           + (f" on {args.nproc} GPU{'s' * (args.nproc > 1)} each" if args.gpus else ''))
     print(grid_budget_line(args, variants, seeds))
 
 
 # -----------------------------------------------------------------------------
-# collecting and statistics
+# collecting, and statistics over seeds (grid.mean_std_ci, grid.welch_p)
 
 def collect_run(run_dir, max_iters):
     """One run's numbers, or None if it never logged an evaluation."""
@@ -448,27 +229,6 @@ def collect_run(run_dir, max_iters):
         'curve': [(r['tokens'], r['val_loss'], r['iter'], r['train_loss']) for r in log],
         'tokens_per_iter': final['tokens'] // final['iter'] if final['iter'] else None,
     }
-
-
-def mean_std_ci(x):
-    """Mean, sample std (ddof=1) and the 95% t-interval half-width (nan below 2 values)."""
-    import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
-    from scipy import stats
-    x = np.asarray(x, dtype=float)
-    if len(x) == 0:
-        return float('nan'), float('nan'), float('nan')
-    if len(x) < 2:
-        return float(x[0]), float('nan'), float('nan')
-    std = float(x.std(ddof=1))
-    return float(x.mean()), std, float(stats.t.ppf(0.975, len(x) - 1) * std / math.sqrt(len(x)))
-
-
-def welch_p(a, b):
-    """Two-sided Welch t-test p-value (unequal variances); nan with fewer than 2 per side."""
-    from scipy import stats
-    if len(a) < 2 or len(b) < 2:
-        return float('nan')
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
 def summarize(args, variants, seeds, outcomes):
@@ -601,87 +361,8 @@ def plot(rows, path, title=''):
 
 # -----------------------------------------------------------------------------
 
-def parse_list(text, what):
-    """'3' -> [3]; '0,1,2' -> [0, 1, 2]; '0-3,6' -> [0, 1, 2, 3, 6]."""
-    out = []
-    for part in filter(None, (t.strip() for t in text.split(','))):
-        a, dash, b = part.partition('-')
-        if not (a.isdigit() and (not dash or b.isdigit())) or (dash and int(b) < int(a)):
-            raise ValueError(f"{what} {text!r}: {part!r} is not a number or a range a-b")
-        out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
-    if not out or len(set(out)) != len(out):
-        raise ValueError(f"{what} {text!r} is empty or repeats a value")
-    return out
-
-
-def config_compare_defaults(config_file):
-    """The `_compare` dict of a config file: its own compare.py defaults (or {})."""
-    if not config_file or not Path(config_file).is_file():
-        return {}
-    sys.path.insert(0, str(ROOT))  # config files import their baseline recipe (config.sa, ...)
-    scope = {}
-    exec(compile(Path(config_file).read_text(), str(config_file), 'exec'), scope)
-    return dict(scope.get('_compare') or {})
-
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--config', default='', help='base train.py config file shared by every run')
-    p.add_argument('--variants', default='sa,hfa,hybrid,ha_noshare,ha_share',
-                   help=f'comma-separated preset names; presets: {", ".join(PRESETS)}')
-    p.add_argument('--preset', nargs='+', action='append', metavar=('NAME', 'KEY=VALUE'),
-                   help='define or redefine a variant: --preset NAME key=value ...')
-    p.add_argument('--seeds', default='3', help="a count N (seeds 0..N-1) or a list: 0,1,2 or 0-4")
-    p.add_argument('--seed_list', default='', help=argparse.SUPPRESS)  # the old spelling of --seeds 0,1,2
-    p.add_argument('--out', required=True, help='output folder: runs/, results.json, results.csv, plot')
-    p.add_argument('--match', choices=('none', 'params', 'flops'), default='none')
-    p.add_argument('--match_by', choices=('n_embd', 'head_dim'), default='n_embd')
-    p.add_argument('--match_multiple', type=int, default=1, help='matched n_embd / head_dim a multiple of this')
-    p.add_argument('--match_tokens', action='store_true',
-                   help="rescale a variant's max_iters so it sees as many tokens as SA")
-    p.add_argument('--gpus', default='', help='run concurrently on these GPUs, --nproc per run: 0-7 or 0,1,2')
-    p.add_argument('--nproc', type=int, default=1, help='processes (GPUs) per run, DDP through torchrun')
-    p.add_argument('--jobs', type=int, default=1, help='runs trained at the same time (without --gpus)')
-    p.add_argument('--threads', type=int, default=0, help='OMP_NUM_THREADS per run (0: leave as is)')
-    p.add_argument('--collect_only', action='store_true', help='train nothing; summarise what exists')
-    p.add_argument('--dry_run', action='store_true', help='print every run, its command and budget; run nothing')
-    p.add_argument('--est_gpu', default='H100', help="GPU of the --dry_run estimates (hardware.py's table)")
-    p.add_argument('--est_mfu', type=float, default=0.30, help='MFU assumed by the --dry_run estimates')
-    p.add_argument('--plot', default='', help='also save the plot here (always OUT/compare.png)')
-    config = p.parse_known_args(argv)[0].config
-    try:
-        defaults = config_compare_defaults(config)
-    except Exception as e:
-        p.error(f"config file {config} failed: {type(e).__name__}: {e}")
-    known = {a.dest for a in p._actions}
-    if set(defaults) - known:
-        p.error(f"_compare in {config} has unknown key(s) {', '.join(sorted(set(defaults) - known))}")
-    p.set_defaults(**{k: str(v) if k in ('seeds', 'gpus') else v for k, v in defaults.items()})
-    args, extra = p.parse_known_args(argv)
-    bad = [e for e in extra if not (e.startswith('--') and '=' in e)]
-    if bad:
-        p.error(f"unrecognised argument(s) {' '.join(bad)}; train.py settings are given as --key=value")
-    args.extra = extra
-    try:
-        seeds = parse_list(args.seed_list or args.seeds, '--seeds')
-        args.seeds = seeds if args.seed_list or ',' in args.seeds or '-' in args.seeds else list(range(seeds[0]))
-        args.gpus = parse_list(args.gpus, '--gpus') if args.gpus else []
-    except ValueError as e:
-        p.error(str(e))
-    if not args.seeds:
-        p.error('--seeds 0 gives no runs; give a count >= 1 or a list of seeds')
-    if args.nproc < 1 or args.match_multiple < 1:
-        p.error('--nproc and --match_multiple must be >= 1')
-    if args.gpus and len(args.gpus) % args.nproc:
-        p.error(f"--gpus names {len(args.gpus)} GPUs, not a multiple of --nproc {args.nproc}")
-    if args.config:  # train.py runs from the repository root
-        args.config = str(Path(args.config).resolve())
-    args.out = str(Path(args.out).resolve())
-    return args
-
-
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     seeds = args.seeds
     variants = plan(args)
     for v in variants:

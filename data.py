@@ -205,9 +205,12 @@ def summary(folder):
             rows.append((split, f"{meta[f'{split}_tokens']:>13,} tokens  ({split}.bin)"))
     in_data = folder.resolve().parent == DATA.resolve()
     where = f"--dataset={folder.name}" if in_data else f"--data_dir={folder}"
-    recipe = 'config/cpu_sa.py ' if meta['tokenizer'] == 'char' else ''
+    # a config that fits any machine: the 0.8M-parameter CPU model (7M with GPT-2's vocabulary);
+    # train.py's own defaults are GPT-2 small, minutes per iteration on a CPU
+    import torch
+    device = ' --device=cuda' if torch.cuda.is_available() else ''
     lines = [f"  {k:<10} {v}" for k, v in rows]
-    return '\n'.join(lines + [f"next: python train.py {recipe}{where}"])
+    return '\n'.join(lines + [f"next: python train.py config/cpu_sa.py {where}{device}"])
 
 
 def encode(enc, text):
@@ -215,12 +218,13 @@ def encode(enc, text):
     return {'ids': ids, 'len': len(ids)}
 
 
-def write_atomic(path, data):
-    tmp = Path(str(path) + '.tmp')
+def write_atomic(path, data, durable=True):
+    tmp = Path(f'{path}.{os.getpid()}.tmp')
     with open(tmp, 'wb') as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -234,12 +238,31 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
+def folder_of(data_dir, dataset):
+    """A training config's data folder: data_dir, or data/<dataset> beside this file."""
+    return Path(data_dir) if data_dir else DATA / dataset
+
+
+def model_vocab_size(meta):
+    """The vocabulary a model needs for a dataset's metadata (None: nanoGPT's OpenWebText, GPT-2's
+    tokens); GPT-2's 50,257 is padded to 50,304, a multiple of 64, as nanoGPT does."""
+    meta = meta or {'tokenizer': 'gpt2', 'vocab_size': 50257}
+    return 50304 if meta.get('tokenizer') == 'gpt2' and meta['vocab_size'] == 50257 else meta['vocab_size']
+
+
 def read_meta(folder):
     """Metadata of a prepared dataset: meta.json, or nanoGPT's meta.pkl read safely.
     Returns None when there is neither (nanoGPT's openwebtext layout: GPT-2 tokens)."""
     folder = Path(folder)
     if (folder / 'meta.json').exists():
-        return json.loads((folder / 'meta.json').read_text())
+        try:
+            meta = json.loads((folder / 'meta.json').read_text())
+        except (ValueError, OSError) as e:
+            raise UserError(f"{folder / 'meta.json'} cannot be read ({getattr(e, 'msg', e)}); "
+                            f"re-run the prepare script")
+        if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int):
+            raise UserError(f"{folder / 'meta.json'} holds no vocab_size; re-run the prepare script")
+        return meta
     if (folder / 'meta.pkl').exists():
         try:
             meta = _PlainUnpickler(io.BytesIO((folder / 'meta.pkl').read_bytes())).load()
@@ -256,11 +279,53 @@ def open_split(folder, split, block_size):
     if not path.exists():
         raise UserError(f"{path} not found; prepare the data first, e.g. `python prepare_shakespeare.py` "
                         f"or `python prepare_openwebtext.py --source=... --name={Path(folder).name}`")
+    size = path.stat().st_size
+    if size == 0 or size % 2:  # uint16 tokens: 2 bytes each
+        raise UserError(f"{path} holds {size:,} bytes, {'nothing' if not size else 'an odd number'}: not a file of "
+                        f"uint16 tokens (cut short?); re-run the prepare script")
     data = np.memmap(path, dtype=np.uint16, mode='r')
     if len(data) <= block_size + 1:
         raise UserError(f"{path} has {len(data)} tokens, not enough for block_size={block_size}; "
                         f"lower block_size or prepare more data")
     return data
+
+
+def max_token(path):
+    """The largest token id in a .bin file: scanned once, then kept in the cache under the file's
+    path, size and modification time (OpenWebText's 9B tokens take a while to read)."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = f"{path} {st.st_size} {st.st_mtime_ns}"
+    cache = tok.CACHE / 'max_token.json'
+    try:
+        seen = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    if key not in seen:
+        data = np.memmap(path, dtype=np.uint16, mode='r')
+        step = 1 << 26
+        seen[key] = int(max(data[i:i + step].max() for i in range(0, len(data), step)))
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(cache, json.dumps(seen).encode(), durable=False)
+        except OSError:
+            pass  # a read-only cache: scanned again next time
+    return seen[key]
+
+
+def check_vocabulary(folder, meta, splits=('train', 'val')):
+    """Every token id below the vocabulary of meta.json / meta.pkl; without either, the vocabulary
+    train.py assumes (GPT-2's) is said, with the largest id found. Returns that note or None."""
+    largest = max(max_token(Path(folder) / f'{s}.bin') for s in splits)
+    if meta is None:
+        return (f"note: {folder} has no meta.json or meta.pkl, so its tokens are taken as GPT-2's "
+                f"(vocabulary 50,257, padded to 50,304); its largest token id is {largest:,}"
+                + ("; if it is a character dataset, re-run its prepare script" if largest < 256 else ''))
+    if largest >= meta['vocab_size']:
+        raise UserError(f"{folder} holds token id {largest:,} but its vocabulary has {meta['vocab_size']:,} "
+                        f"tokens; the .bin files and the metadata come from different preparations: "
+                        f"re-run the prepare script")
+    return None
 
 
 def heldout_halves(folder, meta, block_size):

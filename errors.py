@@ -7,6 +7,7 @@ worker's torchelastic error file, so torchrun's failure report names it as the r
 instead of "To enable traceback see ...".
 """
 
+import argparse
 import json
 import os
 import sys
@@ -15,6 +16,13 @@ import time
 
 class UserError(Exception):
     """Bad input. The message says what is wrong and how to fix it."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line as one line (`error: ...`), not usage + error."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def _hook(kind, value, tb, _default=sys.excepthook):

@@ -4,14 +4,22 @@ Peak FLOP/s of the machine a run is on: the denominator of MFU (model FLOPs util
 On CUDA the peak is the device's dense bf16 tensor-core rate from its data sheet (no
 sparsity), looked up by device name; train.py's `peak_flops` and bench.py's `--peak_flops`
 override it. On any other device it is measured: the FLOP/s of a large fp32 matmul on the
-threads this process has, which is what a CPU run of train.py actually trains at.
+threads this process has, which is what a CPU run of train.py actually trains at. train.py
+measures it once per machine (processor, thread count, torch version) and keeps it in
+$NANOHFA_CACHE/peak_flops.json (default cache/ beside this file), so MFU compares across runs
+instead of following the load of the moment; delete that file to measure again.
 MFU = flops_per_token * tokens/s / peak, with GPT.flops_per_token (6 per weight plus the
 attention mixing), as in the PaLM paper's definition (Chowdhery et al. 2022, App. B).
 """
 
+import json
+import os
+import platform
 import time
 
 import torch
+
+from tokenizer import CACHE
 
 # dense bf16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name();
 # the first match wins, so the more specific names come first
@@ -55,8 +63,42 @@ def measured_matmul_flops(device='cpu', n=1024, seconds=0.2):
     return 2 * n ** 3 / best
 
 
-def peak_flops(device, override=0.0):
-    """(peak FLOP/s, where it comes from) for MFU on this device."""
+def machine_name():
+    """The processor's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in open('/proc/cpuinfo'):
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cached_peak(device):
+    """(FLOP/s, source) of a non-CUDA device, measured once (a longer, best-of measurement) and then
+    read from CACHE/peak_flops.json under this machine, thread count and torch version."""
+    path = CACHE / 'peak_flops.json'
+    threads = torch.get_num_threads()
+    key = f"{device} | {machine_name()} | {threads} thread{'s' * (threads > 1)} | torch {torch.__version__}"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key not in table:
+        table[key] = measured_matmul_flops(device, seconds=1.0)
+        try:  # a temporary name and a rename: two runs starting together never read half a file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f'{path.name}.{os.getpid()}.tmp')
+            tmp.write_text(json.dumps(table, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache: measured again next time
+    return table[key], f"{device}: fp32 matmul measured once on this machine, {threads} thread{'s' * (threads > 1)} ({path})"
+
+
+def peak_flops(device, override=0.0, cached=False):
+    """(peak FLOP/s, where it comes from) for MFU on this device; cached: a non-CUDA device's
+    measurement is taken once per machine (cached_peak)."""
     if override:
         return float(override), 'given'
     device = str(device)
@@ -66,4 +108,6 @@ def peak_flops(device, override=0.0):
         if flops:
             return flops, f'{name} dense bf16 peak'
         return measured_matmul_flops(device, n=4096), f'{name}: not in the table, measured fp32 matmul'
+    if cached:
+        return cached_peak(device)
     return measured_matmul_flops(device), f"{device}: measured fp32 matmul, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"

@@ -81,8 +81,6 @@ gradient, and its coefficients, large and meaningless, would head every ranking.
 import json
 import math
 import os
-import pickle
-import re
 import sys
 from pathlib import Path
 
@@ -92,22 +90,7 @@ import torch.nn.functional as F
 
 from errors import UserError
 
-# -----------------------------------------------------------------------------
-out_dir = 'out'             # the training run whose ckpt.pt to read
-init_from = 'resume'        # 'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a Hugging Face GPT-2 folder
-layer = 0                   # which layer's heads to read (0: the first, read exactly in the token basis)
-positions = 'mean'          # 'mean': averaged over positions (after ln_1); 'none': no position embedding; or a position, e.g. '5'
-ln = True                   # apply the layer's LayerNorm (ln_1) to the token vectors, as the layer does
-data_dir = ''               # prepared data whose train.bin gives token counts; default: data/<the checkpoint's dataset>
-top_n = 0                   # read the top_n most frequent tokens; 0: all of them up to 256 (pairs), 96 (HA triples)
-min_freq = 3e-4             # leave out tokens rarer than this in the training data (their embeddings are barely trained)
-top_k = 20                  # pairs / triples listed per head
-freq_tokens = 100_000_000   # count token frequencies over the first this many training tokens (0: all)
-report_dir = ''             # where to write; default: out_dir/interactions (GPT-2: interactions-<name>)
-figures = True              # write the heatmaps
-# -----------------------------------------------------------------------------
-
-GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+# the options (out_dir, init_from, layer, positions, ...): settings.INTERACTIONS, which --help prints
 AUTO_N_PAIRS, AUTO_N_TRIPLES = 256, 96
 LN_EPS = 1e-5  # model.py's nn.LayerNorm default, as GPT-2's
 
@@ -546,39 +529,17 @@ def offset_figure(profiles, heads, layer, name, path):
 # -----------------------------------------------------------------------------
 # loading
 
-def load_checkpoint(path):
-    """torch.load with weights_only=True: tensors and plain containers only, never code."""
-    if not path.exists():
-        raise UserError(f"no checkpoint at {path}; train first (python train.py ...) or set --out_dir")
-    try:
-        return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.findall(r'GLOBAL ([\w.]+)', str(e)) or ['an object of unknown type']
-        raise UserError(f"checkpoint {path} holds objects other than tensors and plain containers "
-                        f"({found[0]}); refusing to load it, since that could run code")
-    except Exception as e:
-        raise UserError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}); retrain or restore it")
-
-
 def load_source(out_dir, init_from):
-    """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles)."""
-    from model import GPT, GPTConfig
-    if init_from == 'resume':
-        ckpt = load_checkpoint(Path(out_dir) / 'ckpt.pt')
-        cfg = GPTConfig(**ckpt['model_args'])
-        sd = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}
-        return sd, cfg, ckpt.get('tokenizer') or {}, ckpt.get('dataset'), Path(out_dir).name
-    if init_from in GPT2_NAMES or (Path(init_from) / 'config.json').is_file():
-        import hub
-        try:
-            model = GPT.from_pretrained(init_from, dict(dropout=0.0))
-        except (ValueError, OSError, ImportError) as e:
-            raise UserError(f"could not load GPT-2 weights {init_from!r} ({hub.first_line(e)})" + (
-                "; offline: give init_from a folder saved by transformers' save_pretrained, or the name of "
-                "a model already in the Hugging Face cache (HF_HOME)" if hub.offline_now() else ''))
-        return model.state_dict(), model.config, {'tokenizer': 'gpt2'}, None, Path(init_from).name
-    raise UserError(f"init_from must be 'resume', one of {', '.join(GPT2_NAMES)} or a folder holding a "
-                    f"Hugging Face GPT-2 (config.json), not {init_from!r}")
+    """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles); the
+    checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them."""
+    import runtime
+    from model import GPTConfig
+    if runtime.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
+        ckpt = runtime.load_checkpoint(Path(out_dir) / 'ckpt.pt', "train first (python train.py ...) or set --out_dir")
+        cfg = GPTConfig.from_dict(ckpt['model_args'])
+        return ckpt['model'], cfg, ckpt.get('tokenizer') or {}, ckpt.get('dataset'), Path(out_dir).name
+    model = runtime.load_gpt2(init_from)
+    return model.state_dict(), model.config, {'tokenizer': 'gpt2'}, None, Path(init_from).name
 
 
 def token_labels(meta, vocab_size):
@@ -667,10 +628,10 @@ def head_report(r, labels, top_k, share, spread, profile):
 
 def main(argv=None):
     import configurator
-    keys = ('out_dir', 'init_from', 'layer', 'positions', 'ln', 'data_dir', 'top_n', 'min_freq', 'top_k', 'freq_tokens',
-            'report_dir', 'figures')
-    defaults = {k: globals()[k] for k in keys}
-    o = configurator.load(defaults, sys.argv[1:] if argv is None else argv, script=__file__)
+    import settings
+    o = configurator.load(settings.defaults(settings.INTERACTIONS), sys.argv[1:] if argv is None else argv,
+                          configurator.help_text(settings.INTERACTIONS, 'interactions.py', __doc__))
+    settings.check(settings.INTERACTIONS, o)
     sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):

@@ -434,7 +434,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Sample max_new_tokens continuations of idx (B, T). With use_cache, keys and values
+        """Sample max_new_tokens continuations of idx (B, T); temperature 0 takes the most likely
+        token at every step (greedy). With use_cache, keys and values
         are kept between steps while the sequence fits in block_size; past that the context
         is cropped to the last block_size tokens and recomputed, as without a cache."""
         cache = KVCache(self.config.n_layer) if use_cache else None
@@ -443,6 +444,9 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, cache.pos:], cache=cache)
             else:
                 logits, _ = self(idx[:, -self.config.block_size:])
+            if temperature == 0:  # greedy: the most likely token
+                idx = torch.cat((idx, logits[:, -1, :].argmax(-1, keepdim=True)), dim=1)
+                continue
             logits = logits[:, -1, :] / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))

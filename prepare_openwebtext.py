@@ -14,15 +14,14 @@ script, its parquet conversion (--hf_revision=refs/convert/parquet) holds the sa
 plain files. Offline, the script says so in a second and names the local options.
 """
 
-import argparse
 import os
 
-import errors  # noqa: F401  (one-line messages for bad input)
+from errors import ArgumentParser  # one-line messages for bad input, the command line's too
 import data
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--source', default='openwebtext',
                    help="'openwebtext' (Hub), 'shakespeare' or 'milton' (embedded), a text file, a folder of .txt, .jsonl or .parquet")
     p.add_argument('--name', default=None, help='output folder under --root (default: from the source)')

@@ -9,14 +9,13 @@ that nothing trains on by default.
     python prepare_shakespeare.py --corpus=milton   # data/milton_char and data/milton
 """
 
-import argparse
 
-import errors  # noqa: F401
+from errors import ArgumentParser  # one-line messages for bad input, the command line's too
 import data
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p = ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--only', choices=['char', 'gpt2'], default=None)
     p.add_argument('--corpus', choices=sorted(data.GUTENBERG), default='shakespeare')
     a = p.parse_args()

@@ -16,7 +16,6 @@ Weight layout assumed (and thereby tested): a head group's c_attn output is
     ha order n       q, k_1..k_{n-1}, v_1..v_{n-1}         1 + 2(n - 1)
     ha shared        q, k, v                               3
 """
-import ast
 import itertools
 import math
 import runpy
@@ -647,10 +646,9 @@ CONFIGS = {'sa': 'sa', 'linear': 'linear', 'hfa': 'hfa_v1', 'hfa_v2': 'hfa_v2', 
 
 
 def train_py_keys():
-    """The configuration variables of train.py: its top-level simple assignments."""
-    tree = ast.parse((ROOT / 'train.py').read_text())
-    return {t.id for node in tree.body if isinstance(node, ast.Assign)
-            for t in node.targets if isinstance(t, ast.Name)}
+    """The configuration keys of train.py (settings.py's table)."""
+    import settings
+    return set(settings.defaults(settings.TRAIN))
 
 
 @pytest.mark.parametrize('name', [p + n for p in ('', 'cpu_') for n in CONFIGS])

@@ -5,7 +5,8 @@ expected text), a non-zero exit, no traceback, and leave every existing file (da
 checkpoint, logs) byte-for-byte as it was. One row is a value that must be accepted.
 
 Every row runs in its own copy of a small workspace (a character dataset and a checkpoint
-trained by train.py). The rows are started together, a few at a time, because each
+trained by train.py). A row whose out_dir is {w}/fresh must not create it: every value is
+checked before anything is written. The rows are started together, a few at a time, because each
 subprocess spends seconds importing torch on a loaded machine. The table with the messages
 is in docs/reliability.md.
 """
@@ -51,6 +52,17 @@ def setup_workspace(w):
     (w / 'afile').write_text('a file, not a folder')
     (w / 'scriptds').mkdir()  # a dataset that is a loading script, which datasets >= 4 refuses to run
     (w / 'scriptds' / 'scriptds.py').write_text("import datasets\n\n\nclass Scriptds(datasets.GeneratorBasedBuilder):\n    pass\n")
+    for name in ('data_odd', 'data_empty', 'data_badmeta', 'data_bigid'):
+        make_data(w / name)
+    train = w / 'data_odd' / 'train.bin'
+    train.write_bytes(train.read_bytes()[:-1])                        # one byte short
+    (w / 'data_empty' / 'train.bin').write_bytes(b'')
+    (w / 'data_badmeta' / 'meta.json').write_text('{"tokenizer": "char", "vocab_size": 16,')  # cut short
+    ids = np.fromfile(w / 'data_bigid' / 'val.bin', dtype=np.uint16)
+    ids[7] = 20                                                       # beyond the 16-token vocabulary
+    ids.tofile(w / 'data_bigid' / 'val.bin')
+    (w / 'cmp.py').write_text("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\n"
+                              "gradient_accumulation_steps = 1\nmax_iters = 2\ndevice = 'cpu'\n")
 
 
 # id: (script, arguments, text the error line must hold; None: must succeed[, environment]),
@@ -104,6 +116,52 @@ ROWS = {
                         "the Hugging Face Hub cannot be reached from here (offline) and the dataset is not in its "
                         "cache; prepare a local source instead: --source=path/to/file.txt", OFFLINE_PROBE),
 }
+FRESH = ['--out_dir={w}/fresh']  # rows that must not create their out_dir
+CMP = ['--config', '{w}/cmp.py', '--data_dir={data}', '--out', '{w}/fresh']
+ROWS.update({
+    # every value range-checked before anything is written
+    **{f'range_{k}_{v}'.replace('-', 'minus').replace('.', '_'): ('train.py', [f'--{k}={v}', *FRESH],
+                                                                  f"{k}={v} is out of range; {k} must be {rule}")
+       for k, v, rule in [('batch_size', 0, '>= 1'), ('block_size', 0, '>= 1'), ('n_head', 0, '>= 1'),
+                          ('eval_interval', 0, '>= 1'), ('log_interval', 0, '>= 1'), ('eval_iters', 0, '>= 1'),
+                          ('learning_rate', -1.0, '> 0'), ('dropout', 1.5, 'in [0, 1)'), ('n_layer', -1, '>= 1'),
+                          ('n_embd', 0, '>= 1'), ('beta2', 1.0, 'in [0, 1)'), ('max_iters', -5, '>= 0')]},
+    'overwrite_wrong_type': ('train.py', ['--overwrite=yes', *FRESH], "overwrite expects bool (default False), got 'yes'"),
+    'decay_ends_where_warmup_ends': ('train.py', ['--warmup_iters=2', '--lr_decay_iters=2', '--max_iters=4', *FRESH], None),
+    # an out_dir belongs to one run
+    'scratch_over_a_checkpoint': ('train.py', [], "out_dir '{w}/out' already holds a run (ckpt.pt saved "),
+    'resume_past_max_iters': ('train.py', ['--init_from=resume', '--max_iters=1'],
+                              "the checkpoint {w}/out/ckpt.pt is at iteration 2, past max_iters=1: nothing to train"),
+    # data files checked when opened
+    'train_bin_odd_length': ('train.py', ['--data_dir={w}/data_odd', *FRESH],
+                             "{w}/data_odd/train.bin holds 3,999 bytes, an odd number: not a file of uint16 tokens"),
+    'train_bin_empty': ('train.py', ['--data_dir={w}/data_empty', *FRESH],
+                        "{w}/data_empty/train.bin holds 0 bytes, nothing: not a file of uint16 tokens"),
+    'meta_json_corrupt': ('train.py', ['--data_dir={w}/data_badmeta', *FRESH],
+                          "{w}/data_badmeta/meta.json cannot be read (Expecting property name enclosed in double quotes)"),
+    'token_beyond_vocabulary': ('train.py', ['--data_dir={w}/data_bigid', *FRESH],
+                                "{w}/data_bigid holds token id 20 but its vocabulary has 16 tokens"),
+    # a corrupt checkpoint is not called unsafe
+    'random_bytes_checkpoint_resume': ('train.py', ['--init_from=resume'], "ckpt.pt is unreadable or truncated"),
+    'random_bytes_checkpoint_sample': ('sample.py', ['--out_dir={out}', *SAMPLE], "ckpt.pt is unreadable or truncated"),
+    # sample.py: ranges, and nanoGPT's keys accepted
+    'sample_temperature_negative': ('sample.py', ['--out_dir={out}', *SAMPLE, '--temperature=-1.0'],
+                                    "temperature=-1.0 is out of range; temperature must be >= 0"),
+    'sample_top_k_negative': ('sample.py', ['--out_dir={out}', *SAMPLE, '--top_k=-1'], "top_k=-1 is out of range"),
+    'sample_num_samples_zero': ('sample.py', ['--out_dir={out}', *SAMPLE, '--num_samples=0'],
+                                "num_samples=0 is out of range"),
+    'sample_nanogpt_keys': ('sample.py', ['--out_dir={out}', *SAMPLE, '--start=abc', '--dtype=bfloat16',
+                                             '--compile=False'], None),
+    # eval_only writes nothing, so an out_dir that cannot be written is no obstacle
+    'eval_only_unwritable_out_dir': ('train.py', ['--eval_only=True', '--out_dir={w}/afile/run'], None),
+    # compare.py: one line too
+    'compare_unknown_variant': ('compare.py', [*CMP, '--variants', 'sa,hfaa'], "unknown variant(s) hfaa; presets: sa,"),
+    'compare_missing_out': ('compare.py', ['--variants', 'sa'], "the following arguments are required: --out"),
+    'prepare_bad_choice': ('prepare_openwebtext.py', ['--tokenizer=bpe', '--root={w}/prepared'],
+                           "argument --tokenizer: invalid choice: 'bpe' (choose from 'gpt2', 'char')"),
+    'compare_unbuildable_preset': ('compare.py', [*CMP, '--variants', 'bad', '--preset', 'bad', 'n_head=3'],
+                                   "variant bad cannot be built (n_embd=16 is not divisible by n_head=3"),
+})
 if torch.backends.mps.is_available():  # these rows need a machine without the device
     del ROWS['device_mps_absent']
 if torch.cuda.is_available():
@@ -140,6 +198,8 @@ def results(tmp_path_factory):
         if row.startswith('truncated_checkpoint'):
             ckpt = w / 'out' / 'ckpt.pt'
             ckpt.write_bytes(ckpt.read_bytes()[:ckpt.stat().st_size // 2])
+        if row.startswith('random_bytes_checkpoint'):
+            (w / 'out' / 'ckpt.pt').write_bytes(np.random.default_rng(1).bytes(5000))
         before[row] = snapshot(w)
     pending, t0 = list(ROWS), time.time()
     while pending or procs:
@@ -174,6 +234,9 @@ def test_bad_input(results, row):
     lines = [l for l in r['stderr'].splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith('error: '), info
     assert expected.format(w=w) in lines[0], info
+    assert 'could run code' not in lines[0] or 'system' in lines[0], info  # corrupt is not unsafe
+    if '--out_dir={w}/fresh' in ROWS[row][1] or '{w}/fresh' in ROWS[row][1]:
+        assert not (w / 'fresh').exists(), f"the refused run created its out_dir\n{info}"
 
 
 def test_value_containing_equals_is_kept_whole(results):

@@ -3,16 +3,14 @@
 stated MFU, except the one labelled LONG (nanoGPT's full recipe)."""
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
+import grid
+from tools import budgets
 
-import compare  # noqa: E402
-import budgets  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = budgets.gpu_configs()
 
@@ -28,12 +26,12 @@ def test_the_gpu_configs_are_found():
 def test_header_states_the_computed_budget(path):
     text = path.read_text()
     for prefix, line in budgets.expected_lines(path).items():
-        assert line in text, f"{path.name}: header line '{prefix}' is stale; run python tools/budgets.py --write"
+        assert line in text, f"{path.name}: header line '{prefix}' is stale; run python -m tools.budgets --write"
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)
 def test_gpu_config_compiles(path):
-    assert compare.resolve(str(path), [], {})['compile'] is True
+    assert grid.resolve(str(path), [], {})['compile'] is True
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import configurator
+import settings
 import data
 import tokenizer as tok
 from errors import UserError
@@ -269,7 +270,7 @@ def test_config_file_echo_names_inherited_values():
     """nanoGPT echoes what a config file sets; here a file may inherit through
     `from config.cpu_sa import *`, and the echo says which file a value came from."""
     path = os.path.relpath(ROOT / 'config' / 'cpu_hfa.py')
-    cfg, applied = configurator.parse(script_defaults('train.py'), [path, '--max_iters=3'])
+    cfg, applied = configurator.parse(settings.defaults(settings.TRAIN), [path, '--max_iters=3'])
     by_key = {k: (v, arg, origin) for k, v, arg, origin in applied}
     assert by_key['attention'] == ('hfa_v1', path, path)
     assert by_key['n_layer'][0] == 4 and by_key['n_layer'][2].endswith(os.path.join('config', 'cpu_sa.py'))
@@ -285,32 +286,13 @@ def test_config_file_echo_names_inherited_values():
     assert lines[-1] == "Overriding: max_iters = 3"
 
 
-def script_defaults(script):
-    """A script's configuration variables and their defaults, read from its source: the
-    top-level assignments of plain values (int, float, bool, str) that evaluate on their own."""
-    import ast
-    out = {}
-    for node in ast.parse((ROOT / script).read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ('config_keys', 'defaults')
-                                                for t in node.targets):
-            break  # the configuration block ends where the script collects it
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                value = eval(compile(ast.Expression(node.value), script, 'eval'), {'__builtins__': {}})
-            except Exception:
-                continue
-            if isinstance(value, (int, float, bool, str)) and not node.targets[0].id.startswith('_'):
-                out[node.targets[0].id] = value
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('script', ['train.py', 'sample.py'])
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 def test_help_lists_every_key_with_default_and_comment(script, flag):
     r = run([script, flag])
     assert r.returncode == 0 and r.stdout.startswith(f'usage: python {script}') and not r.stderr
-    expected = script_defaults(script)
+    expected = settings.defaults({'train.py': settings.TRAIN, 'sample.py': settings.SAMPLE}[script])
     assert len(expected) > 8
     listed = {}
     for line in r.stdout.splitlines():
@@ -322,6 +304,10 @@ def test_help_lists_every_key_with_default_and_comment(script, flag):
         default_text = repr(expected[key])
         assert rest.startswith(default_text), (key, rest)
         assert rest[len(default_text):].strip(), f"{key} has no comment in {script}"
+    ranges = {'train.py': {'batch_size': '(>= 1)', 'dropout': '([0, 1))', 'learning_rate': '(> 0)'},
+              'sample.py': {'temperature': '(>= 0)', 'top_k': '(>= 0)'}}[script]
+    for key, text in ranges.items():  # the valid range of a value, as settings.py checks it
+        assert listed[key].endswith(text), (key, listed[key])
 
 
 @pytest.mark.slow

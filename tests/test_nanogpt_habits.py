@@ -148,7 +148,7 @@ def test_nanogpt_eval_config_runs_unchanged_offline(tiny_gpt2, gpt2_data, tmp_pa
     hf = GPT2LMHeadModel.from_pretrained(folder).eval()
     val = np.memmap(gpt2_data / 'val.bin', dtype=np.uint16, mode='r')
     assert f"val loss {fixed_windows_loss(hf, val, 8, 32, 2):.4f}" in step[0]
-    assert not any(out.iterdir())  # eval_only writes nothing
+    assert not out.exists()  # eval_only writes nothing, not even out_dir
 
 
 def test_nanogpt_finetune_config_runs_unchanged_offline_then_resumes_and_samples(tiny_gpt2, gpt2_data, tmp_path):

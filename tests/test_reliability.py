@@ -6,7 +6,8 @@ checkpoints and meta.pkl, and DDP (torchrun, gloo) under SIGTERM and the death o
 Each train.py run is a subprocess on a tiny character dataset (a 1-layer, 32-wide GPT).
 Subprocesses start torch slowly on a loaded machine, so independent runs are launched
 together and awaited together (two phases for the single-process faults, one for DDP).
-Faults at a precise point use train.py's test hook NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]].
+Faults at a precise point run train.py under tests/train_hooks.py with
+NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]]: hooks installed from outside, train.py has none.
 """
 
 import json
@@ -50,10 +51,15 @@ def env(**extra):
     return e
 
 
+def hooked(script, extra_env):
+    """The script, under tests/train_hooks.py when a fault is to be injected."""
+    return ['tests/train_hooks.py', script] if 'NANOHFA_TEST_DIE_AT' in extra_env else [script]
+
+
 def start(args, log, script='train.py', **extra_env):
     """Popen of a script in the repository, stdout+stderr to the file `log`."""
     f = open(log, 'w')
-    return subprocess.Popen([PY, script, *map(str, args)], cwd=ROOT, env=env(**extra_env),
+    return subprocess.Popen([PY, *hooked(script, extra_env), *map(str, args)], cwd=ROOT, env=env(**extra_env),
                             stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -278,7 +284,8 @@ def test_meta_pkl_with_code_is_refused(runs):
 
 def torchrun(args, log, **extra_env):
     f = open(log, 'w')
-    cmd = [PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', *map(str, args)]
+    cmd = [PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', *hooked('train.py', extra_env),
+           *map(str, args)]
     return subprocess.Popen(cmd, cwd=ROOT, env=env(**extra_env), stdout=f, stderr=subprocess.STDOUT,
                             start_new_session=True)
 

@@ -4,16 +4,15 @@ and the statistics in those tables are recomputed, not copied."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from tools import grid_report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
-import grid_report  # noqa: E402
 
 GRIDS = sorted(p.parent.name for p in (ROOT / 'grids').glob('*/results.json'))
 

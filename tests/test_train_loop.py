@@ -2,7 +2,8 @@
 session timed apart (tokens/s without compilation), the compile notice, the non-finite
 message when no checkpoint exists yet, and no host-device sync per step (on CUDA: torch's
 sync-debug mode counts them; everywhere: the step's code reads nothing back but under
-skip_nonfinite). Tiny runs on a random character dataset, as tests/test_reliability.py."""
+skip_nonfinite, counted by tests/train_hooks.py). Tiny runs on a random character dataset,
+as tests/test_reliability.py."""
 
 import json
 import math
@@ -58,6 +59,8 @@ def runs(data, tmp_path_factory):
     (tmp / 'nan').mkdir()
     (tmp / 'nan' / 'ckpt.pt').write_bytes(b'an older run')
     two = ['--lr_decay_iters=8', '--eval_interval=4', '--log_interval=100']
+    reads = ['--max_iters=6', '--lr_decay_iters=6', '--eval_interval=3', '--log_interval=2']
+    hooks = ['tests/train_hooks.py', 'train.py']
     p = {
         'main': start(data, tmp / 'main', '--max_iters=10', '--lr_decay_iters=10', '--eval_interval=5',
                       '--log_interval=2', '--peak_flops=1e9'),
@@ -66,7 +69,10 @@ def runs(data, tmp_path_factory):
         'compile': start(data, tmp / 'compile', '--max_iters=2', '--eval_interval=2', '--log_interval=1',
                          '--compile=True', env={'TORCH_COMPILE_DISABLE': '1'}),
         'nan': start(data, tmp / 'nan', '--max_iters=8', '--eval_interval=4', '--log_interval=100',
-                     '--learning_rate=1e30'),
+                     '--learning_rate=1e30', '--overwrite=True'),
+        'reads': start(data, tmp / 'reads', *reads, script=hooks, env={'NANOHFA_TEST_READS': str(tmp / 'reads.json')}),
+        'reads_skip': start(data, tmp / 'reads_skip', *reads, '--skip_nonfinite=True', script=hooks,
+                            env={'NANOHFA_TEST_READS': str(tmp / 'reads_skip.json')}),
     }
     r = {k: finish(v) for k, v in p.items()}
     assert r['two'].returncode == 0, r['two'].stdout + r['two'].stderr
@@ -85,7 +91,7 @@ def run(runs):
 def test_log_lines_print_mfu_against_the_given_peak(run):
     out, stdout = run
     fpt = json.loads((out / 'run.json').read_text())['flops_per_token']
-    lines = re.findall(r'iter (\d+): loss [\d.]+, time \d+ms, ([\d,]+) tokens/s, mfu ([\d.]+)%', stdout)
+    lines = re.findall(r'iter (\d+)/10 \(\d+%\): loss [\d.]+, time \d+ms, ([\d,]+) tokens/s, mfu ([\d.]+)%', stdout)
     assert [int(i) for i, _, _ in lines] == [2, 4, 6, 8]  # log_interval=2; iteration 0 is the first step
     for _, tps, mfu in lines:
         slack = 100 * fpt * 0.5 / 1e9 + 0.005  # tokens/s is printed to the unit, MFU to 0.01%
@@ -107,7 +113,7 @@ def test_log_jsonl_and_run_json_carry_mfu(run):
 def test_first_step_is_timed_apart(run):
     """tokens/s counts the timed steps only: every step but the session's first."""
     out, stdout = run
-    assert re.search(r'iter 0: loss [\d.]+, time \d+ms \(first step, not counted in tokens/s\)', stdout)
+    assert re.search(r'iter 0/10 \(10%\): loss [\d.]+, time \d+ms \(first step, not counted in tokens/s\)', stdout)
     steps = jsonl(out / 'train_log.jsonl')
     assert [s['iter'] for s in steps] == list(range(10))
     timed = sum(s['dt_s'] for s in steps[1:])
@@ -130,38 +136,59 @@ def test_compile_notice_comes_before_the_first_step(runs):
     r = runs['compile']
     assert r.returncode == 0, r.stdout + r.stderr
     notice = r.stdout.index('compiling the model: the first step takes a while (it is not counted in tokens/s)')
-    assert notice < r.stdout.index('iter 0:')
+    assert notice < r.stdout.index('iter 0/2')
 
 
 @pytest.mark.slow
 def test_nonfinite_before_any_checkpoint_says_none_was_saved(runs):
     """From scratch, lr 1e30: non-finite at iteration 1, before any save. The message must not
-    claim a good checkpoint, and an older ckpt.pt in out_dir (another run's) is left alone."""
+    claim a good checkpoint, and an older ckpt.pt in out_dir (another run's, moved aside by
+    overwrite=True) is left alone."""
     r, out = runs['nan'], runs['dir'] / 'nan'
     assert r.returncode == 2, r.stdout + r.stderr
     err = [l for l in r.stderr.splitlines() if l.startswith('error:')]
     assert len(err) == 1 and 'non-finite loss or gradient at iteration 1 ' in err[0], r.stderr
     assert 'no checkpoint of this run had been saved yet' in err[0] and 'untouched' not in err[0]
     assert 'Traceback' not in r.stderr
-    assert (out / 'ckpt.pt').read_bytes() == b'an older run'
+    aside, = out.glob('replaced-*')
+    assert (aside / 'ckpt.pt').read_bytes() == b'an older run' and not (out / 'ckpt.pt').exists()
     assert [s['iter'] for s in jsonl(out / 'train_log.jsonl')] == [0]  # the steps before the bad one
 
 
-def test_step_code_reads_nothing_back_per_step():
-    """The optimisation step (from '# one optimisation step' to the save on a stop) has one
-    host read, the one skip_nonfinite asks for; numbers are read at log lines and evaluations."""
-    src = (ROOT / 'train.py').read_text()
-    step = src[src.index('    # one optimisation step'):src.index('    if stop:  # all processes stop')]
-    reads = [l.strip() for l in step.splitlines() if re.search(r'\.item\(\)|\.tolist\(\)|\.cpu\(\)|float\(loss', l)]
-    assert len(reads) == 1 and reads[0].startswith('if skip_nonfinite and'), reads
+def reads_in_steps(events):
+    """{iteration: [train.py lines that read a tensor on the host]} from each step's first
+    training forward to its optimizer step (tests/train_hooks.py's events)."""
+    steps, current = {}, None
+    for kind, it, where in events:
+        if kind == 'forward' and current is None:
+            current = steps.setdefault(it, [])
+        elif kind == 'read' and current is not None:
+            current.append(where)
+        elif kind == 'optimizer_step':
+            current = None
+    return steps
+
+
+@pytest.mark.parametrize('run_name, per_step', [('reads', 0), ('reads_skip', 1)])
+def test_step_code_reads_nothing_back_per_step(runs, run_name, per_step):
+    """Inside an optimisation step train.py reads nothing back from a tensor, but the one read
+    skip_nonfinite asks for (always the same line); numbers are read after the step, at log
+    lines and evaluations (every step on CPU, where nothing runs ahead)."""
+    r = runs[run_name]
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = json.loads((runs['dir'] / f'{run_name}.json').read_text())
+    steps = reads_in_steps(events)
+    assert sorted(steps) == list(range(6))
+    assert all(len(lines) == per_step for lines in steps.values()), steps
+    assert len({line for lines in steps.values() for line in lines}) == per_step
+    assert any(kind == 'read' for kind, _, _ in events)  # the hook sees train.py's reads at all
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_cuda_steps_do_not_sync_the_host(data, tmp_path):
     """Host-device syncs flagged by torch.cuda.set_sync_debug_mode: as many for 16 steps as
     for 6, with the same evaluations and log lines (at 0 and the end)."""
-    sys.path.insert(0, str(ROOT / 'tools'))
-    import train_smoke
+    from tools import train_smoke
     res = train_smoke.sync_counts(data, tmp_path)
     assert all(rc == 0 for _, rc, _ in res), res[0][2][-2000:] + res[1][2][-2000:]
     assert res[0][0] is not None and res[0][0] == res[1][0], [c for c, _, _ in res]
@@ -173,8 +200,7 @@ def test_train_smoke_runs_what_is_asked_without_numpy(tmp_path):
     schedule never divides by zero (--iters 2); it imports no numpy at the top (the GPU
     image may lack it) and writes valid uint16 token files."""
     import ast
-    sys.path.insert(0, str(ROOT / 'tools'))
-    import train_smoke
+    from tools import train_smoke
     assert [name for name, _, _ in train_smoke.runs_to_make({'sa'})][:1] == ['sa']
     for iters in (1, 2, 3, 20):
         kv = dict(a[2:].split('=') for a in train_smoke.schedule_args(iters))

@@ -1,10 +1,10 @@
 """
 The budget of every GPU config: tokens, FLOPs per token and estimated GPU-hours, computed
-from model.GPT itself (through compare.py) so that the numbers in the config headers cannot
-go stale: tests/test_budgets.py checks each header against this.
+from model.GPT itself (through grid.py, compare.py's plan) so that the numbers in the config
+headers cannot go stale: tests/test_budgets.py checks each header against this.
 
-    python tools/budgets.py            # the table (markdown)
-    python tools/budgets.py --write    # rewrite the '# Budget:' / '# Grid budget:' header lines
+    python -m tools.budgets            # the table (markdown)
+    python -m tools.budgets --write    # rewrite the '# Budget:' / '# Grid budget:' header lines
 
 A config's budget is one run on 8 GPUs (torchrun); a config with compare.py defaults
 (`_compare`) also states its grid's total with --gpus 0-7. The GPU and MFU are assumptions
@@ -17,10 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import grid
 
-import compare  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GPU, MFU, N_GPUS = 'H100', 0.30, 8
 
@@ -28,18 +27,18 @@ GPU, MFU, N_GPUS = 'H100', 0.30, 8
 def gpu_configs():
     """config/*.py files that train a model from scratch on a GPU (not pinned to device='cpu').
     nanoGPT's own finetune and eval configs (init_from a GPT-2) stay as nanoGPT has them."""
-    cfgs = {p: compare.resolve(str(p), [], {}) for p in sorted((ROOT / 'config').glob('*.py'))}
+    cfgs = {p: grid.resolve(str(p), [], {}) for p in sorted((ROOT / 'config').glob('*.py'))}
     return [p for p, c in cfgs.items() if c['device'] != 'cpu' and c['init_from'] == 'scratch' and not c['eval_only']]
 
 
 def expected_lines(path):
     """{prefix: line} of what the header of `path` must say."""
-    lines = {'# Budget:': compare.config_budget_line(path, GPU, MFU, N_GPUS)}
-    if compare.config_compare_defaults(path):
+    lines = {'# Budget:': grid.config_budget_line(path, GPU, MFU, N_GPUS)}
+    if grid.config_compare_defaults(path):
         with tempfile.TemporaryDirectory() as out:
-            args = compare.parse_args(['--config', str(path), '--gpus', f'0-{N_GPUS - 1}', '--out', out,
+            args = grid.parse_args(['--config', str(path), '--gpus', f'0-{N_GPUS - 1}', '--out', out,
                                        '--est_gpu', GPU, '--est_mfu', str(MFU)])
-            lines['# Grid budget:'] = compare.grid_budget_line(args, compare.plan(args), args.seeds)
+            lines['# Grid budget:'] = grid.grid_budget_line(args, grid.plan(args), args.seeds)
     return lines
 
 

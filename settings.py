@@ -1,0 +1,173 @@
+"""
+Every setting of train.py, sample.py and interactions.py, as data: its default, what it means
+and the values it accepts. configurator.py takes the defaults from here, `--help` prints these tables, and
+check() refuses a value outside its range with one line, before anything is written.
+compare.py and the tests read the same tables. Defaults are nanoGPT's (GPT-2 124M on
+OpenWebText), under nanoGPT's names, so a nanoGPT config file runs unchanged.
+
+A range is written as it reads: '>= 1', '> 0', '[0, 1)' (0 included, 1 not), '-1 or >= 1'.
+"""
+
+import math
+from typing import NamedTuple
+
+from errors import UserError
+
+
+class Setting(NamedTuple):
+    default: object
+    help: str
+    valid: str = ''  # the accepted range; '' accepts any value of the default's type
+
+
+S = Setting
+TRAIN = {
+    'I/O': {
+        'out_dir': S('out', "where ckpt.pt, log.jsonl, train_log.jsonl and run.json go"),
+        'overwrite': S(False, "True: a run from scratch may replace the checkpoint and logs already in out_dir"),
+        'eval_interval': S(2000, "evaluate (and maybe save) every this many iterations", '>= 1'),
+        'log_interval': S(1, "print the training loss every this many iterations", '>= 1'),
+        'eval_iters': S(200, "batches per split in each evaluation", '>= 1'),
+        'eval_only': S(False, "evaluate once and exit (writes nothing to out_dir)"),
+        'always_save_checkpoint': S(True, "else only when val loss improves"),
+        'init_from': S('scratch', "'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', "
+                                  "'gpt2-xl', a Hugging Face GPT-2 folder, or a checkpoint file to start from its weights"),
+        'keep_last': S(0, "also keep the last k checkpoints as ckpt_<iter>.pt", '>= 0'),
+    },
+    'wandb logging (optional; works with WANDB_MODE=offline)': {
+        'wandb_log': S(False, "log evaluations to Weights & Biases (imported only then)"),
+        'wandb_project': S('owt', "wandb project"),
+        'wandb_run_name': S('gpt2', "wandb run name; a resumed run continues the same wandb run"),
+    },
+    'data': {
+        'dataset': S('openwebtext', "data/<dataset>/{train,val}.bin"),
+        'report_split': S(False, "True: evaluations read the selection half of the held-out documents; "
+                                 "the end adds report_loss (every window of the report half)"),
+        'data_dir': S('', "default: data/<dataset> beside train.py"),
+        'gradient_accumulation_steps': S(5 * 8, "micro-steps per iteration, in total over all processes", '>= 1'),
+        'batch_size': S(12, "per process and micro-step", '>= 1'),
+        'block_size': S(1024, "context length in tokens", '>= 1'),
+    },
+    'model': {
+        'n_layer': S(12, "transformer blocks", '>= 1'),
+        'n_head': S(12, "attention heads per layer", '>= 1'),
+        'n_embd': S(768, "embedding width", '>= 1'),
+        'dropout': S(0.0, "dropout everywhere (0 for pretraining, 0.1+ for finetuning)", '[0, 1)'),
+        'bias': S(False, "biases in Linear and LayerNorm layers (GPT-2 has them)"),
+        'attention': S('sa', "sa | linear | hfa_v1 | hfa_v2 | ha  (model.py)"),
+        'attn_layers': S('', "per-layer override, e.g. 'sa,sa,sa,ha'"),
+        'head_dim': S(0, "0: n_embd // n_head", '>= 0'),
+        'linear_norm': S(False, "linear: divide by the number of visible keys"),
+        'hfa_order': S(2, "HFA: number of score factors multiplied together", '>= 1'),
+        'n_hfa_head': S(-1, "-1: all heads HFA; else that many HFA heads, the rest SA", '-1 or >= 0'),
+        'hfa_kron': S('auto', "HFA through SDPA on Kronecker-lifted queries/keys: auto | on | off"),
+        'ha_order': S(3, "HA: n - 1 keys per score", '>= 2'),
+        'ha_share_kv': S(False, "HA with K2 = K1 and V2 = V1"),
+        'ha_window1': S(0, "HA: j1 in the last w1 positions (0: full causal)", '>= 0'),
+        'ha_window2': S(0, "HA: j2 in the last w2 positions (0: full causal)", '>= 0'),
+        'attn_window': S(0, "sliding window of sa, linear and hfa heads (0: full causal)", '>= 0'),
+        'kernel': S('auto', "auto | triton | torch: who computes linear, hfa, ha (attention_kernels/)"),
+    },
+    'adamw optimizer': {
+        'learning_rate': S(6e-4, "peak learning rate", '> 0'),
+        'max_iters': S(600000, "total training iterations", '>= 0'),
+        'weight_decay': S(1e-1, "AdamW weight decay, on 2-D weights only", '>= 0'),
+        'beta1': S(0.9, "AdamW beta1", '[0, 1)'),
+        'beta2': S(0.95, "AdamW beta2", '[0, 1)'),
+        'grad_clip': S(1.0, "clip the gradient norm to this (0 disables clipping)", '>= 0'),
+    },
+    'learning rate decay: linear warmup, then cosine down to min_lr': {
+        'decay_lr': S(True, "False: constant learning_rate"),
+        'warmup_iters': S(2000, "linear warmup iterations", '>= 0'),
+        'lr_decay_iters': S(600000, "cosine decay ends here (~ max_iters, per Chinchilla)", '>= 0'),
+        'min_lr': S(6e-5, "learning rate after the decay (~ learning_rate / 10)", '>= 0'),
+    },
+    'DDP': {
+        'backend': S('nccl', "on CPU gloo is used whatever this says"),
+        'ddp_timeout': S(600, "seconds a collective may wait for a dead peer", '>= 1'),
+    },
+    'system': {
+        'device': S('auto', "'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'"),
+        'dtype': S('auto', "'auto' (bfloat16 on CUDA where supported, else float32), 'float32', 'bfloat16', 'float16'"),
+        'compile': S(False, "torch.compile the model"),
+        'seed': S(1337, "seeds model init, data order and dropout"),
+        'skip_nonfinite': S(False, "skip (and count) steps with a NaN/inf loss or gradient (a sync per step)"),
+        'peak_flops': S(0.0, "MFU denominator, FLOP/s per device; 0: hardware.py (CUDA table, else measured "
+                             "once per machine and cached)", '>= 0'),
+    },
+}
+
+SAMPLE = {
+    '': {
+        'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', "
+                                 "a Hugging Face GPT-2 folder, or a checkpoint file"),
+        'out_dir': S('out', "the training run whose ckpt.pt to sample from"),
+        'start': S('\n', "prompt text, or FILE:path to read it from a file"),
+        'num_samples': S(1, "samples to draw", '>= 1'),
+        'max_new_tokens': S(500, "tokens generated per sample", '>= 1'),
+        'temperature': S(0.8, "< 1 sharpens, > 1 flattens the distribution; 0: greedy (the most likely token)", '>= 0'),
+        'top_k': S(200, "keep only the k most likely tokens (0: all)", '>= 0'),
+        'seed': S(1337, "the same seed gives the same text"),
+        'device': S('auto', "'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'"),
+        'dtype': S('float32', "'float32', 'bfloat16', 'float16' (autocast), or 'auto' (bfloat16 on CUDA where "
+                              "supported, nanoGPT's choice)"),
+        'compile': S(False, "accepted for nanoGPT's command lines; sampling runs eagerly (as in nanoGPT, where "
+                            "the compiled module does not reach generate)"),
+        'use_cache': S(True, "keep keys and values between steps (False: recompute the context)"),
+    },
+}
+
+
+INTERACTIONS = {
+    '': {
+        'out_dir': S('out', "the training run whose ckpt.pt to read"),
+        'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a "
+                                 "Hugging Face GPT-2 folder"),
+        'layer': S(0, "which layer's heads to read (0: the first, read exactly in the token basis)", '>= 0'),
+        'positions': S('mean', "'mean': averaged over positions (after ln_1); 'none': no position embedding; or a "
+                               "position, e.g. '5'"),
+        'ln': S(True, "apply the layer's LayerNorm (ln_1) to the token vectors, as the layer does"),
+        'data_dir': S('', "prepared data whose train.bin gives token counts; default: data/<the checkpoint's dataset>"),
+        'top_n': S(0, "read the top_n most frequent tokens; 0: all of them up to 256 (pairs), 96 (HA triples)"),
+        'min_freq': S(3e-4, "leave out tokens rarer than this in the training data (their embeddings are barely "
+                            "trained)", '[0, 1]'),
+        'top_k': S(20, "pairs / triples listed per head"),
+        'freq_tokens': S(100_000_000, "count token frequencies over the first this many training tokens (0: all)",
+                         '>= 0'),
+        'report_dir': S('', "where to write; default: out_dir/interactions (GPT-2: interactions-<name>)"),
+        'figures': S(True, "write the heatmaps"),
+    },
+}
+
+
+def flat(table):
+    """{key: Setting} over every section."""
+    return {k: s for section in table.values() for k, s in section.items()}
+
+
+def defaults(table):
+    return {k: s.default for k, s in flat(table).items()}
+
+
+def _inside(value, rule):
+    """Whether value satisfies a range rule: '>= 1', '> 0', '[0, 1)', '-1', or 'a or b'."""
+    if ' or ' in rule:
+        return any(_inside(value, r) for r in rule.split(' or '))
+    if rule[0] in '[(':
+        lo, hi = (float(x) for x in rule[1:-1].split(','))
+        return (lo <= value if rule[0] == '[' else lo < value) and (value <= hi if rule[-1] == ']' else value < hi)
+    if ' ' not in rule:
+        return value == float(rule)
+    op, number = rule.split()
+    return value >= float(number) if op == '>=' else value > float(number)
+
+
+def check(table, config):
+    """Refuse the first value outside its range: one line saying which key, the value and the range."""
+    for key, s in flat(table).items():
+        value = config.get(key)
+        if not s.valid or not isinstance(value, (int, float)):
+            continue
+        if not (math.isfinite(value) and _inside(value, s.valid)):
+            rule = f"in {s.valid}" if s.valid[0] in '[(' else s.valid
+            raise UserError(f"{key}={value!r} is out of range; {key} must be {rule} ({s.help})")

@@ -1,0 +1,106 @@
+"""
+Runs a script (train.py) with test hooks installed from outside; the script knows nothing of
+them. For the tests only:
+
+    NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]] python tests/train_hooks.py train.py --key=value ...
+    NANOHFA_TEST_READS=events.json python tests/train_hooks.py train.py ...
+
+NANOHFA_TEST_DIE_AT: process RANK (default 0) sends itself SIGKILL at the start of iteration
+ITER (WHERE=step, the default: that iteration's first training forward), halfway through
+writing that iteration's checkpoint (save: torch.save writes it, then the file is cut to half
+its size), or sends itself SIGTERM during that iteration's step (term). The iteration is
+train.py's own `iter_num`, read from its globals while it runs.
+
+NANOHFA_TEST_READS: every host read of a tensor (item, tolist, cpu, numpy, float, int, bool)
+made by the script's own lines, every training forward and every optimizer step are written
+in order to that file at exit: [kind, iteration, 'file:line'].
+
+Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`.
+"""
+
+import atexit
+import json
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script():
+    return sys.modules['__main__']  # the running script's module, while runpy runs it
+
+
+def die_at(at, rank=0, where='step'):
+    if int(os.environ.get('RANK', 0)) != rank:
+        return
+    import torch
+    from model import GPT
+    if where == 'save':
+        save = torch.save
+
+        def save_then_crash(obj, f, *args, **kw):
+            save(obj, f, *args, **kw)
+            if isinstance(obj, dict) and obj.get('iter_num') == at:
+                f.flush()
+                f.truncate(f.tell() // 2)
+                os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = save_then_crash
+        return
+    forward, sent = GPT.forward, []
+
+    def forward_then_fault(self, *args, **kw):
+        if self.training and getattr(script(), 'iter_num', None) == at and not sent:
+            sent.append(where)
+            os.kill(os.getpid(), signal.SIGKILL if where == 'step' else signal.SIGTERM)
+        return forward(self, *args, **kw)
+    GPT.forward = forward_then_fault
+
+
+def record_reads(path):
+    import torch
+    from model import GPT
+    events, mine = [], os.path.realpath(sys.argv[0])
+
+    def note(kind, frame=None):
+        where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else ''
+        events.append([kind, getattr(script(), 'iter_num', None), where])
+
+    def reading(name):
+        read = getattr(torch.Tensor, name)
+
+        def wrapped(self, *args, **kw):
+            caller = sys._getframe(1)
+            if os.path.realpath(caller.f_code.co_filename) == mine:
+                note('read', caller)
+            return read(self, *args, **kw)
+        setattr(torch.Tensor, name, wrapped)
+    for name in ('item', 'tolist', 'cpu', 'numpy', '__float__', '__int__', '__bool__'):
+        reading(name)
+    forward = GPT.forward
+
+    def counted_forward(self, *args, **kw):
+        if self.training:
+            note('forward')
+        return forward(self, *args, **kw)
+    GPT.forward = counted_forward
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    register_optimizer_step_post_hook(lambda *_: note('optimizer_step'))
+    atexit.register(lambda: Path(path).write_text(json.dumps(events)))
+
+
+def main():
+    sys.argv = sys.argv[1:]  # the script and its arguments, as if it were run directly
+    sys.path[0] = str(ROOT)
+    if os.environ.get('NANOHFA_TEST_DIE_AT'):
+        at, rank, where = (os.environ['NANOHFA_TEST_DIE_AT'].split(':') + ['', ''])[:3]
+        die_at(int(at), int(rank or 0), where or 'step')
+    if os.environ.get('NANOHFA_TEST_READS'):
+        record_reads(os.environ['NANOHFA_TEST_READS'])
+    runpy.run_path(sys.argv[0], run_name='__main__')
+
+
+if __name__ == '__main__':
+    main()
