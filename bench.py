@@ -565,11 +565,11 @@ def grid_step_times(compare_argv, rounds):
     (its --config, --variants, --preset, overrides and --out), in one process, one thread:
     `rounds` rounds visit the variants in turn, 3 steps each after two warm-up steps; the
     median goes to OUT/step_times.json."""
-    import compare
-    args = compare.parse_args(compare_argv)
+    import grid
+    args = grid.parse_args(compare_argv)
     torch.set_num_threads(1)
-    variants = compare.plan(args)
-    vocab = compare.vocab_size(variants[0]['cfg'])
+    variants = grid.plan(args)
+    vocab = grid.vocab_size(variants[0]['cfg'])
     steps = {v['variant']: grid_step(v['cfg'], vocab) for v in variants}
     for step in steps.values():  # warm-up: allocator, first-call overheads
         timed(step, 'cpu', 0.0, 1)
@@ -584,9 +584,9 @@ def grid_step_times(compare_argv, rounds):
     path = os.path.join(args.out, 'step_times.json')
     with open(path, 'w') as f:
         json.dump(result, f, indent=1)
-    ref = result['seconds_per_step'].get(compare.REFERENCE)
+    ref = result['seconds_per_step'].get(grid.REFERENCE)
     for n, t in result['seconds_per_step'].items():
-        print(f"{n:>14}: {t * 1000:8.1f} ms/step" + (f"  ({t / ref:.2f}x {compare.REFERENCE})" if ref else ''))
+        print(f"{n:>14}: {t * 1000:8.1f} ms/step" + (f"  ({t / ref:.2f}x {grid.REFERENCE})" if ref else ''))
     print(f"wrote {path}")
     return result
 

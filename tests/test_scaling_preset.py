@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import compare
+import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {'scaling_s': (8, 512), 'scaling_m': (12, 768), 'scaling_l': (24, 1024)}
@@ -17,14 +18,14 @@ VARIANTS = ['sa', 'sa_w512', 'ha_w', 'ha4_w']
 
 
 def args_of(name, out, *more):
-    return compare.parse_args(['--config', str(ROOT / 'config' / f'{name}.py'), '--gpus', '0-7', '--out', str(out), *more])
+    return grid.parse_args(['--config', str(ROOT / 'config' / f'{name}.py'), '--gpus', '0-7', '--out', str(out), *more])
 
 
 @pytest.fixture(scope='module', params=list(SIZES))
 def size(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
     args = args_of(request.param, out)
-    return request.param, args, {v['variant']: v for v in compare.plan(args)}
+    return request.param, args, {v['variant']: v for v in grid.plan(args)}
 
 
 def test_dry_run_lists_every_run_with_its_budget(size, capsys):
@@ -34,13 +35,13 @@ def test_dry_run_lists_every_run_with_its_budget(size, capsys):
     assert rc == 0 and not Path(args.out).joinpath('runs').exists()
     runs = [l for l in text.splitlines() if ' seed ' in l and '[scratch]' in l]
     assert [l.split(' [')[0] for l in runs] == [f'{v} seed {s}' for v in VARIANTS for s in (0, 1, 2)]
-    per_variant, total = compare.grid_budget(args, list(variants.values()), args.seeds)
+    per_variant, total = grid.grid_budget(args, list(variants.values()), args.seeds)
     for line in runs:
-        assert f"{per_variant[line.split(' seed ')[0]]['gpu_hours']:,.1f} GPU-hours" in line
+        assert grid.gpu_time_text(per_variant[line.split(' seed ')[0]]['gpu_hours']) in line
     commands = [l for l in text.splitlines() if 'train.py' in l]
     assert len(commands) == 12 and all(f'config/{name}.py' in c for c in commands)
-    assert f"total: {total['tokens'] / 1e9:.3g}B tokens" in text
-    assert compare.grid_budget_line(args, list(variants.values()), args.seeds) in text
+    assert f"total: {grid.tokens_text(total['tokens'])} tokens" in text
+    assert grid.grid_budget_line(args, list(variants.values()), args.seeds) in text
 
 
 def test_the_variants_are_the_study(size):
@@ -65,11 +66,11 @@ def test_the_variants_are_the_study(size):
 def test_tokens_are_20_per_parameter_and_the_same_for_every_variant(size):
     _, _, v = size
     sa = v['sa']
-    tokens = {k: x['cfg']['max_iters'] * compare.tokens_per_iter(x['cfg']) for k, x in v.items()}
+    tokens = {k: x['cfg']['max_iters'] * grid.tokens_per_iter(x['cfg']) for k, x in v.items()}
     assert len(set(tokens.values())) == 1
     iters = sa['cfg']['max_iters']
-    assert abs(tokens['sa'] / sa['params_planned'] - 20) <= 0.5 * compare.tokens_per_iter(sa['cfg']) / sa['params_planned']
-    assert round(20 * sa['params_planned'] / compare.tokens_per_iter(sa['cfg'])) == iters
+    assert abs(tokens['sa'] / sa['params_planned'] - 20) <= 0.5 * grid.tokens_per_iter(sa['cfg']) / sa['params_planned']
+    assert round(20 * sa['params_planned'] / grid.tokens_per_iter(sa['cfg'])) == iters
     assert all(x['cfg']['lr_decay_iters'] == iters and x['cfg']['warmup_iters'] == round(0.05 * iters) for x in v.values())
 
 
@@ -78,21 +79,21 @@ def test_every_layer_ha_is_matched_to_sa_by_head_width(size):
     target = v['sa']['params_planned']
     ha = v['ha_w']
     unmatched = {**ha['cfg'], 'head_dim': 0}
-    assert {'head_dim': ha['cfg']['head_dim']} == compare.match_size(unmatched, 50304, target, 'params', 'head_dim', 8)
+    assert {'head_dim': ha['cfg']['head_dim']} == grid.match_size(unmatched, 50304, target, 'params', 'head_dim', 8)
     assert abs(ha['params_planned'] / target - 1) < 0.02
     assert 1.0 < v['ha4_w']['params_planned'] / target < 1.04  # Roy et al.'s placement, unmatched: +2-4%
 
 
 def test_the_largest_size_fits_in_openwebtext_once():
-    cfg = compare.resolve(str(ROOT / 'config' / 'scaling_l.py'), [], {})
-    assert cfg['max_iters'] * compare.tokens_per_iter(cfg) < 9.0e9  # OpenWebText's training split, GPT-2 tokens
+    cfg = grid.resolve(str(ROOT / 'config' / 'scaling_l.py'), [], {})
+    assert cfg['max_iters'] * grid.tokens_per_iter(cfg) < 9.0e9  # OpenWebText's training split, GPT-2 tokens
 
 
 def test_readme_states_the_total_gpu_hours(tmp_path):
     total = 0.0
     for name in SIZES:
         args = args_of(name, tmp_path / name)
-        total += compare.grid_budget(args, compare.plan(args), args.seeds)[1]['gpu_hours']
+        total += grid.grid_budget(args, grid.plan(args), args.seeds)[1]['gpu_hours']
     readme = (ROOT / 'README.md').read_text()
     section = readme[readme.index('## Comparing variants'):readme.index('## Performance')]
     assert 'config/scaling_s.py' in section
