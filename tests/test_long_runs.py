@@ -26,6 +26,8 @@ import data
 import hardware
 import runtime
 
+pytestmark = pytest.mark.slow  # every test here runs train.py in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 FIXTURES = Path(__file__).resolve().parent / 'fixtures'

@@ -169,6 +169,7 @@ def reads_in_steps(events):
     return steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('run_name, per_step', [('reads', 0), ('reads_skip', 1)])
 def test_step_code_reads_nothing_back_per_step(runs, run_name, per_step):
     """Inside an optimisation step train.py reads nothing back from a tensor, but the one read
