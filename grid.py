@@ -163,7 +163,6 @@ def parse_args(argv, description=''):
     p.add_argument('--preset', nargs='+', action='append', metavar=('NAME', 'KEY=VALUE'),
                    help='define or redefine a variant: --preset NAME key=value ...')
     p.add_argument('--seeds', default='3', help="a count N (seeds 0..N-1) or a list: 0,1,2 or 0-4")
-    p.add_argument('--seed_list', default='', help=argparse.SUPPRESS)  # the old spelling of --seeds 0,1,2
     p.add_argument('--out', required=True, help='output folder: runs/, results.json, results.csv, plot')
     p.add_argument('--match', choices=('none', 'params', 'flops'), default='none')
     p.add_argument('--match_by', choices=('n_embd', 'head_dim'), default='n_embd')
@@ -194,8 +193,8 @@ def parse_args(argv, description=''):
         p.error(f"unrecognised argument(s) {' '.join(bad)}; train.py settings are given as --key=value")
     args.extra = extra
     try:
-        seeds = parse_list(args.seed_list or args.seeds, '--seeds')
-        args.seeds = seeds if args.seed_list or ',' in args.seeds or '-' in args.seeds else list(range(seeds[0]))
+        seeds = parse_list(args.seeds, '--seeds')
+        args.seeds = seeds if ',' in args.seeds or '-' in args.seeds else list(range(seeds[0]))
         args.gpus = parse_list(args.gpus, '--gpus') if args.gpus else []
     except ValueError as e:
         p.error(str(e))
