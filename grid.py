@@ -276,7 +276,9 @@ def config_budget_line(config_file, gpu='H100', mfu=0.30, n_gpus=8):
     """The budget line a config file's header carries (tests/test_budgets.py checks it)."""
     cfg = resolve(str(config_file), [], {})
     b = budget(cfg, vocab_size(cfg), gpu, mfu)
-    return f"# Budget: {budget_text(b)} = {b['gpu_hours'] / n_gpus:,.1f} h on {n_gpus} x {gpu}"
+    wall = b['gpu_hours'] / n_gpus
+    wall_text = f"{wall:,.1f} h" if wall >= 1 else f"{wall * 60:.0f} min"
+    return f"# Budget: {budget_text(b)} = {wall_text} on {n_gpus} x {gpu}"
 
 
 def makespan(hours, n_slots):

@@ -21,7 +21,7 @@
 #   parameter count, keeping depth, width and head count; ha_share already has SA's count.
 # - Budget per run: the owt_gpt3small recipe, 10,000 iterations x 491,520 tokens = 4.9B tokens,
 #   one GPU per run (8 runs at a time), every run on the same tokens and evaluation windows.
-# Budget: 4.92B tokens (10,000 iterations x 491,520), 0.80 GFLOPs/token, 3.95e+18 FLOPs, 3.7 GPU-hours on H100 at 30% MFU = 0.5 h on 8 x H100
+# Budget: 4.92B tokens (10,000 iterations x 491,520), 0.80 GFLOPs/token, 3.95e+18 FLOPs, 3.7 GPU-hours on H100 at 30% MFU = 28 min on 8 x H100
 # Grid budget: 15 runs (5 variants x 3 seeds), 73.7B tokens, 6.75e+19 FLOPs, 63 GPU-hours on H100 at 30% MFU = 9.1 h on 8 GPUs
 from config.owt_gpt3small_sa import *  # the shared recipe; only what follows differs
 

@@ -1,6 +1,6 @@
 # OpenWebText, GPT-3-small-like model: softmax self-attention, the baseline.
 #   torchrun --standalone --nproc_per_node=8 train.py config/owt_gpt3small_sa.py
-# Budget: 4.92B tokens (10,000 iterations x 491,520), 0.80 GFLOPs/token, 3.95e+18 FLOPs, 3.7 GPU-hours on H100 at 30% MFU = 0.5 h on 8 x H100
+# Budget: 4.92B tokens (10,000 iterations x 491,520), 0.80 GFLOPs/token, 3.95e+18 FLOPs, 3.7 GPU-hours on H100 at 30% MFU = 28 min on 8 x H100
 # Several seeds and the table: python compare.py --config config/owt_gpt3small_sa.py \
 #   --variants sa,hfa,hfa_v2 --gpus 0-7 --out out-owt-gpt3small   (see RESULTS.md)
 out_dir = 'out-owt-gpt3small-sa'

@@ -6,7 +6,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/owt_hybrid_3l.py --attention=sa \
 #       --out_dir=out-owt-hybrid3l-sa                                                            # SA
 #   python compare.py --config config/owt_hybrid_3l.py --variants sa,hybrid --gpus 0-7 --out out-owt-hybrid3l
-# Budget: 4.92B tokens (10,000 iterations x 491,520), 0.23 GFLOPs/token, 1.13e+18 FLOPs, 1.1 GPU-hours on H100 at 30% MFU = 0.1 h on 8 x H100
+# Budget: 4.92B tokens (10,000 iterations x 491,520), 0.23 GFLOPs/token, 1.13e+18 FLOPs, 1.1 GPU-hours on H100 at 30% MFU = 8 min on 8 x H100
 from config.owt_gpt3small_sa import *  # the shared recipe; only what follows differs
 
 out_dir = 'out-owt-hybrid3l'

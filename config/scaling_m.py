@@ -3,7 +3,7 @@
 # the variants (sa, sa_w512, ha_w, ha4_w), the 20 tokens per parameter and the learning rates.
 #   python compare.py --config config/scaling_m.py --gpus 0-7 --out out-scaling-m   (--dry_run: every run, its cost)
 # ha_w: head width 40 (SA's parameter count); ha4_w: HA in layers 4, 8 and 12, +2.9% parameters.
-# Budget: 2.47B tokens (5,029 iterations x 491,520), 0.80 GFLOPs/token, 1.99e+18 FLOPs, 1.9 GPU-hours on H100 at 30% MFU = 0.2 h on 8 x H100
+# Budget: 2.47B tokens (5,029 iterations x 491,520), 0.80 GFLOPs/token, 1.99e+18 FLOPs, 1.9 GPU-hours on H100 at 30% MFU = 14 min on 8 x H100
 # Grid budget: 12 runs (4 variants x 3 seeds), 29.7B tokens, 3.22e+19 FLOPs, 30 GPU-hours on H100 at 30% MFU = 5.5 h on 8 GPUs
 from config.scaling_s import *  # the study's recipe; only the size differs
 from config.scaling_s import _compare as _compare_s

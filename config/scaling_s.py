@@ -21,7 +21,7 @@
 # The GPU-hours below assume 30% MFU for every variant, as every config here does; HA's MFU on a GPU is
 # not measured yet (docs/performance.md), so its runs may take longer than stated.
 # Size S: 8 layers x 512 wide, 8 heads of 64, context 1024, 50.9M parameters (SA), 1.02B tokens.
-# Budget: 1.02B tokens (4,145 iterations x 245,760), 0.33 GFLOPs/token, 3.42e+17 FLOPs, 0.3 GPU-hours on H100 at 30% MFU = 0.0 h on 8 x H100
+# Budget: 1.02B tokens (4,145 iterations x 245,760), 0.33 GFLOPs/token, 3.42e+17 FLOPs, 19.2 GPU-minutes on H100 at 30% MFU = 2 min on 8 x H100
 # Grid budget: 12 runs (4 variants x 3 seeds), 12.2B tokens, 5.64e+18 FLOPs, 5 GPU-hours on H100 at 30% MFU = 1.0 h on 8 GPUs
 from config.owt_gpt3small_sa import *  # the OpenWebText recipe; only what follows differs
 
