@@ -37,7 +37,8 @@ def test_gpu_config_compiles(path):
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)
 def test_budget_fits_a_day_on_8_gpus_unless_labelled_long(path):
     header = ''.join(l for l in path.read_text().splitlines(keepends=True) if l.startswith('#'))
-    hours = [float(h.replace(',', '')) for h in re.findall(r'= ([\d,.]+) h on \d+ (?:x \w+|GPUs)', header)]
+    hours = [float(h.replace(',', '')) / (60 if unit == 'min' else 1)
+             for h, unit in re.findall(r'= ([\d,.]+) (h|min) on \d+ (?:x \w+|GPUs)', header)]
     assert hours, path.name
     assert max(hours) <= 24 or 'LONG' in header, f"{path.name}: {max(hours)} h on one node and not labelled LONG"
 
