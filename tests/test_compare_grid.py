@@ -58,6 +58,8 @@ def test_seeds_are_a_count_or_a_list(tiny, tmp_path, given, seeds):
     assert args_of(tiny, '--out', str(tmp_path), '--seeds', given).seeds == seeds
 
 
+@pytest.mark.parametrize('bad', [['--seeds', 'x'], ['--seeds', '0'], ['--seeds', '1,1'], ['--gpus', '3-1'],
+                                 ['--gpus', '0,1,2', '--nproc', '2']])
 def test_bad_seeds_and_gpus_are_refused(tiny, tmp_path, bad):
     with pytest.raises(UserError):
         args_of(tiny, '--out', str(tmp_path), *bad)
