@@ -169,3 +169,17 @@ def test_a_stall_is_far_above_the_other_seeds_and_a_straggler_is_not():
     tight = {0: 1.790, 1: 1.792, 2: 1.791, 3: 1.815}  # 0.024 above: within the 0.05 floor
     assert grid_report.stalled_seeds(tight) == []
     assert grid_report.stalled_seeds({0: 1.8, 1: float('nan'), 2: 1.81}) == [1]
+
+
+def test_long_grids_name_each_chosen_rate_by_its_variant(tmp_path, monkeypatch):
+    """The chosen rate's row (several seeds) is keyed by its variant; a candidate rate run with
+    seed 0 only is not part of the comparison."""
+    rows = [{**_long_row('ha_share_w', {0: 1.5, 1: 1.6}), 'n_seeds': 2},
+            {**_long_row('ha_share_w', {0: 1.55}), 'variant': 'ha_share_w_lr1.6e-2', 'n_seeds': 1},
+            {**_long_row('sa_w16', {0: 1.52, 1: 1.58}), 'variant': 'sa_w16_lr4e-3', 'n_seeds': 2}]
+    (tmp_path / 'long').mkdir()
+    (tmp_path / 'long' / 'results.json').write_text(json.dumps(rows))
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    longs = grid_report.long_grids()
+    assert list(longs) == [6000] and sorted(longs[6000]) == ['ha_share_w', 'sa_w16']
+    assert longs[6000]['sa_w16']['variant'] == 'sa_w16_lr4e-3'

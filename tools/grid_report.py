@@ -462,8 +462,8 @@ def long_grids():
         path = GRIDS / grid / 'results.json'
         if not path.exists():
             continue
-        rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
-        out[iters] = {r.rsplit('_lr', 1)[0]: r for r in rows.values()}
+        rows = [r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2]
+        out[iters] = {r['variant'].rsplit('_lr', 1)[0]: r for r in rows}
     return out
 
 
