@@ -477,19 +477,22 @@ def plot_long(longs):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     lengths = sorted(longs)
+    names = sorted({v for rows in longs.values() for v in rows})
+    colour = {v: f'C{i}' for i, v in enumerate(names)}  # one colour per variant in every panel
     fig, axes = plt.subplots(1, len(lengths) + 1, figsize=(5.5 * (len(lengths) + 1), 4.3), squeeze=False)
     for ax, length in zip(axes[0], lengths + [max(lengths)]):
         zoom = ax is axes[0][-1]
         for v, r in longs[length].items():
             iters, val, _ = curves(r)
             keep = iters >= (length / 2 if zoom else 100)
-            line, = ax.plot(iters[keep], val.mean(0)[keep], label=f'{v} (n={len(val)})', lw=1.3)
-            ax.fill_between(iters[keep], val.min(0)[keep], val.max(0)[keep], color=line.get_color(), alpha=0.15)
+            ax.plot(iters[keep], val.mean(0)[keep], label=f'{v} (n={len(val)})', lw=1.3, color=colour[v])
+            ax.fill_between(iters[keep], val.min(0)[keep], val.max(0)[keep], color=colour[v], alpha=0.15)
         ax.set_title(f'{length} iterations' + (': last half' if zoom else ''))
         ax.set_xlabel('iteration')
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel('selection-half loss (nats/char)')
-    axes[0][0].legend(fontsize=7)
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(ASSETS / 'grid_long.png', dpi=100)
     plt.close(fig)
