@@ -126,12 +126,16 @@ def _grid(name, only):
         chosen = long_choice() or {}
         variants = {p: {**o, 'seeds': LONG_SEEDS if p in chosen.values() else 1} for p, o in long_candidates().items()}
         return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
-    if name in ('long3k', 'long1k'):  # the key pair at the rate chosen at full length
+    if name in ('long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more'):
+        # the key pair at the rate chosen at full length; *_more: seeds 3 and 4 of the same runs
+        # (every LONG variant at full length), pooled into their grid by tools/grid_report.py
         chosen = long_choice()
         if chosen is None:
             sys.exit("the long grid's rate choice is unfinished: run `python tools/cpu_grids.py long` first")
-        variants = {chosen[v]: {**long_candidates()[chosen[v]], 'seeds': LONG_SEEDS} for v in LONG_KEY}
-        return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
+        length = name.removesuffix('_more')
+        names, seeds = (LONG if length == 'long' else LONG_KEY), (LONG_MORE_SEEDS if name.endswith('_more') else LONG_SEEDS)
+        variants = {chosen[v]: {**long_candidates()[chosen[v]], 'seeds': seeds} for v in names}
+        return variants, 1, dict(max_iters=LONG_ITERS[length], lr_decay_iters=LONG_ITERS[length], **LONG_EXTRA)
     names = [v for v in VARIANTS if not only or v in only]
     best = best_lrs(names)
     tuned = {v: with_lr(VARIANTS[v], best[v]) for v in names}
@@ -173,7 +177,8 @@ def _grid(name, only):
 LONG = ['ha_share_w', 'sa_w16', 'ha_noshare_w', 'sa']  # the key pair first, then the other pair
 LONG_KEY = ['sa_w16', 'ha_share_w']  # the pair also trained at the shorter lengths
 LONG_ITERS = {'long': 6000, 'long3k': 3000, 'long1k': 1000}
-LONG_SEEDS = 3  # seeds 0-2 (compare.py: a count); 5 did not fit the CPU time this study had
+LONG_SEEDS = 3  # seeds 0-2 (compare.py: a count), trained first
+LONG_MORE_SEEDS = '3,4'  # the *_more grids: seeds 3 and 4, trained later (five seeds in all)
 LONG_EXTRA = dict(report_split=True, eval_interval=100)
 
 
@@ -187,17 +192,22 @@ def long_choice():
     """{variant: preset} of the rate chosen for each LONG variant: the lower final selection-half
     val loss of its two seed-0 runs at full length; None until all of them have finished."""
     finals = {}
+    committed = {r['variant']: r for r in json.loads(path.read_text())} if (path := GRIDS / 'long' / 'results.json').exists() else {}
     for preset in long_candidates():
         log = GRIDS / 'long' / 'runs' / preset / 'seed0' / 'log.jsonl'
         rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
-        if not rows or rows[-1]['iter'] < LONG_ITERS['long']:
+        seed0 = [r for r in committed.get(preset, {}).get('runs', []) if r['seed'] == 0 and r['tokens']]
+        if rows and rows[-1]['iter'] >= LONG_ITERS['long']:
+            finals[preset] = rows[-1]['val_loss']
+        elif seed0:  # a fresh clone: no run folders, the committed results hold seed 0's final loss
+            finals[preset] = seed0[0]['val_loss']
+        else:
             return None
-        finals[preset] = rows[-1]['val_loss']
     return {v: min((p for p in finals if p.split('_lr')[0] == v), key=finals.get) for v in LONG}
 
 
 ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
-         'main_flops', 'main_time', 'long', 'long3k', 'long1k']
+         'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more']
 
 
 def command(name, jobs, only=None, collect_only=False):
