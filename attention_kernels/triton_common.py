@@ -92,8 +92,8 @@ def dot_precision(dtype):
 
 
 def block_sizes(kind, BD, A, dtype):
-    """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd', 'hfa_bwd', 'linear_fwd', 'linear_bwd'
-    (linear: A = 1). Small tiles in the interpreter (more block edges tested). On a GPU, the
+    """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd', 'linear_fwd', 'linear_bwd' (linear:
+    A = 1); for 'hfa_bwd' (R, L, num_warps, num_stages): rows kept, rows per step. Small tiles in the interpreter (more block edges tested). On a GPU, the
     largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90, found
     with tools/compile_check.py (which prints registers and stack per configuration)."""
     if INTERPRETED:
@@ -103,14 +103,18 @@ def block_sizes(kind, BD, A, dtype):
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
     if kind.endswith('fwd'):  # A = 4 at dh 128: 2 stages spill 8 B
         return (64, 32, 4, 1 if A == 4 and BD > 64 else stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
-    # backward, without spills on sm_90 (tools/compile_check.py): A = 3 at dh 128 takes 32 x 16
-    # tiles, whose 4 warps compute some score tiles twice (11 tile matmuls per step for 7);
-    # 32 x 32 spilled 48-112 B there; A = 4 takes 16-row tiles (mma.sync)
+    # backward: (rows each kernel keeps, rows per step, warps, stages); hfa_backward gives dq
+    # R query rows and dk/dv R key rows, and every dot of both has R rows, so R = 64 runs
+    # on wgmma. The largest R without spills on sm_90 (tools/compile_check.py): one stage
+    # where two spilled (A = 3 at dh 64, A = 4 at dh 128); A = 4 at dh 64 and A = 3, 4 at
+    # dh 128 spilled at every R >= 32 tried (8-2,600 B) and take 16-row tiles (mma.sync)
+    if kind == 'linear_bwd':
+        return (64, 64, 8, stages) if BD > 64 else (64, 64, 4, stages)
     if BD > 64:
-        return (64, 64, 8, stages) if A == 1 else (32, 32, 4, stages) if A == 2 else \
-            (32, 16, 4, stages) if A == 3 else (16, 32, 4, stages)
-    return (64, 64, 4, stages) if A == 1 else (32, 64, 4, stages) if A == 2 else \
-        (32, 32, 4, stages) if A == 3 else (16, 32, 4, stages)
+        return {1: (64, 16, 4, 2), 2: (32, 32, 4, 2), 3: (16, 32, 4, 2), 4: (16, 16, 4, 1)}[A]
+    if A == 4 and BD <= 32:  # 16-row tiles on 4 warps compute tiles twice (and spilled 16 B at dh 16)
+        return 16, 32, 2, 2
+    return {1: (64, 64, 4, 3), 2: (64, 16, 4, 2), 3: (64, 16, 4, 1), 4: (16, 32, 4, 2)}[A]
 
 
 def device_of(t):

@@ -7,8 +7,9 @@ What protects the Triton kernels where only a GPU would show a problem:
   allocating such tensors;
 - bench.py's kernel rows reach disk one by one, and tools/gpu_check.sh's sections fit its
   8 minutes (its dry mode, which also runs where there is no GPU);
-- HA compiles for sm_90 at head size 64 in bf16 with no register spill, shared memory within
-  the limit and no tile matmul computed twice (tools/compile_check.py).
+- HA and the chunked linear kernels compile for sm_90 at head size 64 in bf16 with no
+  register spill, shared memory within the limit and no tile matmul computed twice
+  (tools/compile_check.py).
 """
 
 import json
@@ -149,6 +150,26 @@ def test_compiles_for_hopper_without_spills(tmp_path):
     extra = {'ha_fwd': min(split, 1), 'ha_bwd_dq': split, 'ha_bwd_da': split, 'ha_bwd_db': split}
     for x in ha:
         assert abs(x['mma_per_step'] - (x['formula'] + extra[x['kernel']])) < 1e-9, x
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason="the triton wheel's ptxas runs on Linux")
+def test_chunked_linear_compiles_for_hopper_without_spills(tmp_path):
+    """The chunked linear kernels (causal, head size 64, bf16, with and without linear_norm)
+    compile for sm_90 without spills, each running exactly the formula's tile matmuls."""
+    out = tmp_path / 'cc.json'
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / 'cache'))
+    env.pop('TRITON_INTERPRET', None)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'compile_check.py'), '--arch', '90', '--only', 'linear',
+                        '--quick', '--dtypes', 'bf16', '--dh', '64', '--json', str(out)],
+                       capture_output=True, text=True, env=env, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    chunked = [x for x in json.loads(out.read_text())['records'] if x['family'] == 'linear_chunked']
+    assert {x['kernel'] for x in chunked} == {'linear_chunk_states', 'linear_chunk_states_rev', 'linear_chunk_fwd',
+                                              'linear_chunk_bwd_dq', 'linear_chunk_bwd_dkdv'}
+    assert len(chunked) == 10  # norm False and True
+    for x in chunked:
+        assert x['spill'] == 0 and x['smem'] <= x['smem_limit'], x
+        assert abs(x['mma_per_step'] - x['formula']) < 1e-9, x
 
 
 def test_bench_writes_each_record_as_measured(tmp_path):

@@ -133,6 +133,21 @@ def test_hfa_low_precision_within_2x_of_sdpa(dtype, A, window, offset):
     assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
 
 
+@pytest.mark.parametrize('rows_kept, rows_per_step', [(32, 16), (16, 32)])
+def test_hfa_backward_with_unequal_tiles(monkeypatch, rows_kept, rows_per_step):
+    """On a GPU the backward kernels keep R rows and step L at a time, R != L (dq keeps R
+    queries, dk/dv R keys); the interpreter's own tiles are square, so choose them here."""
+    from attention_kernels.hfa import triton as hfa_triton
+    real = hfa_triton.block_sizes
+    monkeypatch.setattr(hfa_triton, 'block_sizes', lambda kind, *a: (rows_kept, rows_per_step, 1, 1)
+                        if kind == 'hfa_bwd' else real(kind, *a))
+    for offset, window in [(0, 0), (0, 9), (7, 0)]:
+        Tq, Tk, dh = 45, 45 + offset, 20
+        errs = compare(hfa_kernel(offset, True, window, dh ** -0.5), hfa_ref(offset, True, window, dh ** -0.5),
+                       hfa_case(2, Tq, Tk, dh, seed=offset + window), torch.float32, seed=13)
+        assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
+
+
 def test_hfa_query_that_sees_nothing_gives_zero():
     """Queries past the keys with a window (decoding beyond the cache) read nothing: 0."""
     q, k, v = hfa_case(2, 4, 5, 16)
@@ -180,6 +195,53 @@ def test_linear_low_precision_within_2x_of_sdpa(dtype, norm, window):
                    xs, dtype, seed=7)
     floor = sdpa_errors(N, T, T, dh, 0, True, window, dtype, seed=7)
     assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
+
+
+@pytest.fixture
+def chunked_linear(monkeypatch):
+    """Full causal linear attention through the chunked kernel at the tests' short lengths;
+    yields the calls it received, to show that the chunked path ran."""
+    from attention_kernels.linear import triton_chunked
+    calls = []
+    for name in ('chunked_forward', 'chunked_backward'):
+        fn = getattr(triton_chunked, name)
+        monkeypatch.setattr(triton_chunked, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    monkeypatch.setattr(triton_chunked, 'CHUNKED_MIN_T', 1)
+    yield calls
+
+
+@pytest.mark.parametrize('norm', [False, True])
+@pytest.mark.parametrize('T, dh', [(1, 16), (16, 16), (17, 32), (50, 20)])
+def test_linear_chunked_fp32_equals_reference(chunked_linear, T, dh, norm):
+    """The chunked form (a dh x dh state per chunk of 16 here) equals the definition, at
+    lengths below, at and across chunk edges."""
+    xs = [randn(2, T, dh, seed=T), randn(2, T, dh, seed=T + 1), randn(2, T, dh, seed=T + 2)]
+    errs = compare(lin_kernel(0, True, 0, norm, dh ** -0.5), lin_ref(0, True, 0, norm, dh ** -0.5), xs, torch.float32,
+                   seed=8)
+    assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
+    assert chunked_linear == ['chunked_forward', 'chunked_backward']
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('norm', [False, True])
+def test_linear_chunked_low_precision_within_2x_of_sdpa(chunked_linear, dtype, norm):
+    T, dh, N = 64, 32, 2
+    xs = [randn(N, T, dh, seed=40), randn(N, T, dh, seed=41), randn(N, T, dh, seed=42)]
+    errs = compare(lin_kernel(0, True, 0, norm, dh ** -0.5), lin_ref(0, True, 0, norm, dh ** -0.5), xs, dtype, seed=9)
+    floor = sdpa_errors(N, T, T, dh, 0, True, 0, dtype, seed=9)
+    assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
+    assert chunked_linear == ['chunked_forward', 'chunked_backward']
+
+
+def test_linear_chunked_only_for_long_full_causal_self_attention():
+    """Windows, decoding offsets, non-causal and short sequences keep the quadratic kernel."""
+    from attention_kernels.linear.triton_chunked import CHUNKED_MIN_T, applies
+    T = CHUNKED_MIN_T
+    assert applies(T, T, 0, True, 0)
+    assert not applies(T - 1, T - 1, 0, True, 0)
+    assert not applies(T, T, 0, True, 16)
+    assert not applies(T, T, 0, False, 0)
+    assert not applies(1, T + 1, T, True, 0)
 
 
 # -----------------------------------------------------------------------------

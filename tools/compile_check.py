@@ -49,10 +49,11 @@ from attention_kernels import triton_common as common  # noqa: E402
 from attention_kernels.ha import triton as ha  # noqa: E402
 from attention_kernels.hfa import triton as hfa  # noqa: E402
 from attention_kernels.linear import triton as lin  # noqa: E402
+from attention_kernels.linear import triton_chunked as lin_chunked  # noqa: E402
 
 TT = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
 DTYPES = {v: k for k, v in TT.items()}
-FP32_POINTERS = {'LSE', 'DELTA', 'O32'}
+FP32_POINTERS = {'LSE', 'DELTA', 'O32', 'S', 'R'}  # S, R: the chunked linear kernel's states
 FLOAT_SCALARS = {'scale', 'qk_scale'}
 SMEM_LIMIT = {90: 232448, 80: 166912}
 # Hopper (H100 SXM): 132 SMs, 989 TFLOP/s dense bf16 at 1.83 GHz = 4096 FLOP per SM per
@@ -78,6 +79,7 @@ class Case:
     formula: int   # tile matmuls per step that the formula needs (no split, no duplicate)
     useful: int    # of which count as useful FLOPs (bench.py's convention: backward = 2 x forward)
     note: str = ''
+    whole: bool = False  # a loop-free kernel (one program = one step): count its whole code
 
 
 def signature(fn, dtype, constexprs):
@@ -153,11 +155,16 @@ def inner_loops(sass):
     return [body[a:b + 1] for a, b in inner]
 
 
-def loop_stats(sass, warps):
-    """Per innermost loop with tensor-core work: FLOPs per iteration for the whole block,
-    instructions and MUFU.EX2 per warp."""
+def instructions(sass):
+    return [s.split('\t', 1)[-1] if '\t' in s else s for s in (x.strip() for x in sass.splitlines())
+            if s and not re.match(r'^[\w.$]+:$', s)]
+
+
+def loop_stats(sass, warps, whole=False):
+    """Per innermost loop with tensor-core work (or the whole kernel, if `whole`): FLOPs per
+    iteration for the whole block, instructions and MUFU.EX2 per warp."""
     out = []
-    for loop in inner_loops(sass):
+    for loop in ([instructions(sass)] if whole else inner_loops(sass)):
         hg = sum(mma_flops(s) for s in loop if 'HGMMA' in s)
         hm = sum(mma_flops(s) for s in loop if 'HMMA' in s and 'HGMMA' not in s)
         flops = hg * (warps // 4) + hm * warps
@@ -189,7 +196,7 @@ def model(loop, warps):
 def analyse(case, k, arch):
     usage = resource_usage(k.asm['cubin'])
     sass = k.asm['sass']
-    loops = loop_stats(sass, case.warps)
+    loops = loop_stats(sass, case.warps, case.whole)
     unit = 2 * case.rows * case.cols * case.hd
     rec = dict(family=case.family, kernel=case.name, arch=arch, dtype=TT[case.dtype], warps=case.warps,
                stages=case.stages, config={k: v for k, v in case.constexprs.items()
@@ -259,6 +266,10 @@ def hfa_linear_cases(dtypes, bds, causals, families):
                 for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype):
                     yield Case('linear', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
                                f'norm={norm}' + nc)
+                if causal:  # the chunked kernel (full causal self-attention at long T)
+                    for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin_chunked.compiled_kernels(base, BD, dtype):
+                        yield Case('linear_chunked', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
+                                   f'norm={norm}', whole=kname != 'linear_chunk_states')
 
 
 def cases(args):
@@ -299,7 +310,7 @@ def summary(recs):
     for (fam, dt, hd, note), rs in groups.items():
         fwd = [r for r in rs if r['kernel'].endswith('_fwd')]
         bwd = [r for r in rs if not r['kernel'].endswith('_fwd')]
-        if len(fwd) != 1 or not bwd:
+        if len(fwd) != 1 or not bwd or fam == 'linear_chunked':  # its steps are not (row, column) pairs
             continue
         per_pair = lambda r: r['cycles'] / r['pairs']
         useful = fwd[0]['useful'] * 2 * hd  # FLOPs per pair of the forward

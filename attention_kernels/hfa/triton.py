@@ -158,6 +158,38 @@ def _probs(q_ptr, k_ptr, v_ptr, do_ptr, LSE, DELTA, n, sq_a, sk_a, rm, rn, rd, T
 
 
 @triton.jit
+def _probs_t(q_ptr, k_ptr, v_ptr, do_ptr, LSE, DELTA, n, sq_a, sk_a, rm, rn, rd, Tq, Tk, offset, window, scale,
+             A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
+    """_probs transposed, (BN, BM) tiles for the key-block kernel: each dot then has the key
+    block's rows (64: a wgmma tile) rather than the query step's."""
+    t1 = _tile(k_ptr, q_ptr, sk_a, sq_a, 0, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
+    t2, t3, t4 = t1, t1, t1
+    s = t1
+    if A >= 2:
+        t2 = _tile(k_ptr, q_ptr, sk_a, sq_a, 1, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
+        s = s * t2
+    if A >= 3:
+        t3 = _tile(k_ptr, q_ptr, sk_a, sq_a, 2, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
+        s = s * t3
+    if A >= 4:
+        t4 = _tile(k_ptr, q_ptr, sk_a, sq_a, 3, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
+        s = s * t4
+    pos = offset + rm
+    vis = (rn[:, None] < Tk) & (pos[None, :] >= 0) & (rm[None, :] < Tq)  # _visible, transposed
+    if CAUSAL:
+        vis = vis & (rn[:, None] <= pos[None, :]) & ((window == 0) | (pos[None, :] - rn[:, None] < window))
+    lse = tl.load(LSE + n * Tq + rm, mask=rm < Tq, other=0.0)
+    lse = tl.where(lse == float('-inf'), 0.0, lse)  # a query that sees nothing: P = 0
+    delta = tl.load(DELTA + n * Tq + rm, mask=rm < Tq, other=0.0)
+    p = tl.where(vis, tl.exp2(s * LOG2E - lse[None, :] * LOG2E), 0.0)
+    do = tl.load(do_ptr + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < Tq) & (rd[None, :] < D), other=0.0)
+    v = tl.load(v_ptr + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < Tk) & (rd[None, :] < D), other=0.0)
+    dp = _mm(v, tl.trans(do), UP, PREC)
+    ds = p * (dp - delta[None, :])
+    return t1, t2, t3, t4, p, ds, do
+
+
+@triton.jit
 def _factor_grad(ds, t1, t2, t3, t4, a: tl.constexpr, A: tl.constexpr):
     if A == 1:
         return ds
@@ -221,22 +253,22 @@ def _hfa_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq_a, sk_a, Tq, Tk, offset, w
     qmask = rd[None, :] < D
     for start in range(lo, hi, BM):
         rm = start + tl.arange(0, BM)
-        t1, t2, t3, t4, p, ds, do = _probs(q_ptr, k_ptr, v_ptr, do_ptr, LSE, DELTA, n, sq_a, sk_a, rm, rn, rd,
-                                           Tq, Tk, offset, window, scale, A, CAUSAL, D, UP, PREC)
-        dv += _mm(tl.trans(_cast(p, do.dtype, UP)), do, UP, PREC)
+        t1, t2, t3, t4, p, ds, do = _probs_t(q_ptr, k_ptr, v_ptr, do_ptr, LSE, DELTA, n, sq_a, sk_a, rm, rn, rd,
+                                             Tq, Tk, offset, window, scale, A, CAUSAL, D, UP, PREC)
+        dv += _mm(_cast(p, do.dtype, UP), do, UP, PREC)
         qp = q_ptr + rm[:, None] * D + rd[None, :]
         qm = (rm[:, None] < Tq) & qmask
         q1 = tl.load(qp, mask=qm, other=0.0)
-        dk1 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 1, A), q1.dtype, UP)), q1, UP, PREC)
+        dk1 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 1, A), q1.dtype, UP), q1, UP, PREC)
         if A >= 2:
             q2 = tl.load(qp + sq_a, mask=qm, other=0.0)
-            dk2 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 2, A), q1.dtype, UP)), q2, UP, PREC)
+            dk2 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 2, A), q1.dtype, UP), q2, UP, PREC)
         if A >= 3:
             q3 = tl.load(qp + factor_offset(sq_a, 2), mask=qm, other=0.0)
-            dk3 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 3, A), q1.dtype, UP)), q3, UP, PREC)
+            dk3 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 3, A), q1.dtype, UP), q3, UP, PREC)
         if A >= 4:
             q4 = tl.load(qp + factor_offset(sq_a, 3), mask=qm, other=0.0)
-            dk4 += _mm(tl.trans(_cast(_factor_grad(ds, t1, t2, t3, t4, 4, A), q1.dtype, UP)), q4, UP, PREC)
+            dk4 += _mm(_cast(_factor_grad(ds, t1, t2, t3, t4, 4, A), q1.dtype, UP), q4, UP, PREC)
     om = (rn[:, None] < Tk) & (rd[None, :] < D)
     kp = DK + n * Tk * D + rn[:, None] * D + rd[None, :]
     ty = DK.dtype.element_ty
@@ -297,15 +329,17 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     BD = head_block(D)
     common = dict(A=A, CAUSAL=causal, D=D, BD=BD, UP=upcast_dots(q.dtype), PREC=dot_precision(q.dtype))
     win = window if causal else 0
-    BM, BN, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype)
+    # each kernel keeps R rows (its accumulators) and steps L rows at a time: dq keeps R
+    # queries, dk/dv R keys; their dots all have R rows (wgmma's 64 where R = 64)
+    R, L, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype)
     with device_of(q):
-        _hfa_bwd_dq[(N, triton.cdiv(Tq, BM))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
-                                              offset, win, scale, BM=BM, BN=BN, num_warps=warps,
-                                              num_stages=stages, **common)
+        _hfa_bwd_dq[(N, triton.cdiv(Tq, R))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
+                                             offset, win, scale, BM=R, BN=L, num_warps=warps,
+                                             num_stages=stages, **common)
     with device_of(q):
-        _hfa_bwd_dkdv[(N, triton.cdiv(Tk, BN))](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
-                                                offset, win, scale, BM=BM, BN=BN, num_warps=warps,
-                                                num_stages=stages, **common)
+        _hfa_bwd_dkdv[(N, triton.cdiv(Tk, R))](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
+                                               offset, win, scale, BM=L, BN=R, num_warps=warps,
+                                               num_stages=stages, **common)
     return dq, dk, dv
 
 
@@ -316,5 +350,6 @@ def compiled_kernels(kind, base, BM, BN, dtype):
     if kind == 'fwd':
         yield 'hfa_fwd', _hfa_fwd, dict(base, BM=BM, BN=BN, KEEP32=dtype != torch.float32), A + 1, A + 1
     else:
-        yield 'hfa_bwd_dq', _hfa_bwd_dq, dict(base, BM=BM, BN=BN), 2 * A + 1, A
-        yield 'hfa_bwd_dkdv', _hfa_bwd_dkdv, dict(base, BM=BM, BN=BN), 2 * A + 2, A + 2
+        R, L = BM, BN  # block_sizes('hfa_bwd'): rows kept, rows per step (hfa_backward)
+        yield 'hfa_bwd_dq', _hfa_bwd_dq, dict(base, BM=R, BN=L), 2 * A + 1, A
+        yield 'hfa_bwd_dkdv', _hfa_bwd_dkdv, dict(base, BM=L, BN=R), 2 * A + 2, A + 2

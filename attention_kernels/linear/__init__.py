@@ -3,7 +3,10 @@ Linear attention ([IA] Eq. 1): the softmax removed, optionally divided by the vi
 
     naive.py     the definition, T x T weights materialised: the tests' reference and the
                  PyTorch path
-    triton.py    the same in Triton, no T x T tensor (forward and backward)
+    triton.py    the same in Triton, no T x T tensor (forward and backward), blockwise
+                 like flash attention: O(T^2 dh) work
+    triton_chunked.py  full causal self-attention in chunks with a dh x dh state: O(T dh^2)
+                 work; triton.py hands it sequences of CHUNKED_MIN_T or more
     ops.py       the Triton kernel as a torch.library custom op
 
 `attention` below takes the model's choices and picks one of them.
