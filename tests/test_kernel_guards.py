@@ -7,8 +7,8 @@ What protects the Triton kernels where only a GPU would show a problem:
   allocating such tensors;
 - bench.py's kernel rows reach disk one by one, and tools/gpu_check.sh's sections fit its
   8 minutes (its dry mode, which also runs where there is no GPU);
-- HA and the chunked linear kernels compile for sm_90 at head size 64 in bf16 with no
-  register spill, shared memory within the limit and no tile matmul computed twice
+- HA (sm_90 and sm_80) and the chunked linear kernels (sm_90) compile at head size 64 in
+  bf16 with no register spill, shared memory within the limit and no tile matmul computed twice
   (tools/compile_check.py).
 """
 
@@ -130,21 +130,23 @@ def test_factor_offsets_are_int64():
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason="the triton wheel's ptxas runs on Linux")
-def test_compiles_for_hopper_without_spills(tmp_path):
-    """tools/compile_check.py for sm_90: HA forward and backward (windows 512 x 32, T = 4096)
-    at head size 64, bf16, in a child process (here triton is interpreted). It exits
-    non-zero on a spill or on shared memory over the limit; every kernel must also run
-    exactly the formula's tile matmuls per step, plus the split ones (none twice)."""
+def test_ha_compiles_for_hopper_and_ampere_without_spills(tmp_path):
+    """tools/compile_check.py for sm_90 and sm_80 (each with its own tiles): HA forward and
+    backward (windows 512 x 32, T = 4096) at head size 64, bf16, in a child process (here
+    triton is interpreted). It exits non-zero on a spill or on shared memory over the
+    limit; every kernel must also run exactly the formula's tile matmuls per step, plus
+    the split ones (none twice)."""
     out = tmp_path / 'cc.json'
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / 'cache'))
     env.pop('TRITON_INTERPRET', None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'compile_check.py'), '--arch', '90', '--only', 'ha',
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'compile_check.py'), '--arch', '90,80', '--only', 'ha',
                         '--dtypes', 'bf16', '--dh', '64', '--ha_geometry', 'windows',
                         '--json', str(out)], capture_output=True, text=True, env=env, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     recs = json.loads(out.read_text())['records']
     ha = [x for x in recs if x['family'] == 'ha']
     assert {x['kernel'] for x in ha} == {'ha_fwd', 'ha_bwd_dq', 'ha_bwd_da', 'ha_bwd_db'}
+    assert sorted(x['arch'] for x in ha) == [80] * 4 + [90] * 4
     assert all(x['spill'] == 0 and x['smem'] <= x['smem_limit'] for x in recs)
     split = attention_kernels._modules['ha'].default_split(torch.bfloat16)
     extra = {'ha_fwd': min(split, 1), 'ha_bwd_dq': split, 'ha_bwd_da': split, 'ha_bwd_db': split}

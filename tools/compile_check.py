@@ -228,14 +228,14 @@ def analyse(case, k, arch):
 # -----------------------------------------------------------------------------
 # the configurations the wrappers choose
 
-def ha_cases(dtypes, dhs, geometries, split_name=''):
+def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
     """HA order 3 at T = 4096: full causal and windows (512, 32) (the GPU configs' shape),
     and one non-causal case."""
     for dtype, dh, (T, w1, w2, causal) in itertools.product(dtypes, dhs, geometries):
         swap, wa, wb = ha._geometry(T, T, 0, causal, w1, w2)
         prec = 'ieee' if dtype == torch.float32 else 'tf32'
         split = ha.SPLITS[split_name] if split_name and dtype != torch.float32 else ha.default_split(dtype)
-        plan = ha.plan(T, T, dh, wa, wb, dtype)
+        plan = ha.plan(T, T, dh, wa, wb, dtype, arch=arch)  # the tiles the wrapper takes on that GPU
         note = f"T={T} w=({w1},{w2}){'' if causal else ' noncausal'}"
         for kname, fn, c in ha.kernels_of(plan, dtype):
             c = dict(c)
@@ -272,7 +272,7 @@ def hfa_linear_cases(dtypes, bds, causals, families):
                                    f'norm={norm}', whole=kname != 'linear_chunk_states')
 
 
-def cases(args):
+def cases(args, arch=90):
     fams = args.only.split(',')
     dtypes = [DTYPES[d] for d in args.dtypes.split(',')] if args.dtypes else (
         [torch.bfloat16, torch.float32] if args.quick else [torch.bfloat16, torch.float16, torch.float32])
@@ -283,7 +283,7 @@ def cases(args):
             geos.append((4096, 0, 0, False))
         if args.ha_geometry:
             geos = [g for g in geos if args.ha_geometry == ('windows' if g[1] else 'full' if g[3] else 'noncausal')]
-        yield from ha_cases(dtypes, dhs, geos, args.ha_split)
+        yield from ha_cases(dtypes, dhs, geos, args.ha_split, arch)
     yield from hfa_linear_cases(dtypes, dhs, [True] if args.quick else [True, False], fams)
 
 
@@ -350,7 +350,7 @@ def main():
     print(f"triton {triton.__version__}, torch {torch.__version__}")
     for arch in [int(a) for a in args.arch.split(',')]:
         target = GPUTarget('cuda', arch, 32)
-        for case in cases(args):
+        for case in cases(args, arch):
             try:
                 rec = analyse(case, compile_case(case, target), arch)
             except Exception as e:  # report every failure, then exit non-zero

@@ -602,6 +602,13 @@ TILES = {
             128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
                       db_k=(64, 16, 2)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
+    # sm_80 (A100: mma.sync per warp, 166,912 B of shared memory): 'low' spilled there
+    'low_sm80': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2)),
+                 32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(64, 32, 2)),
+                 64: dict(fwd=(128, 32, 2), dq=(128, 16, 2), da=(128, 16, 2), db=(64, 16, 1)),
+                 128: dict(fwd=(128, 16, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(32, 16, 1),
+                           db_k=(32, 16, 1)),
+                 256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
              32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2)),
              64: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(32, 32, 2)),
@@ -610,14 +617,29 @@ TILES = {
 }
 
 
-def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16):
+def arch_of(t):
+    """The compute capability the tiles are chosen for: the tensor's GPU (e.g. 80, 90); 90
+    for CPU tensors (the interpreter, where the tile sizes do not matter for registers)."""
+    if not t.is_cuda:
+        return 90
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
+
+
+def _tile_table(dtype, arch):
+    if dtype == torch.float32:
+        return TILES['fp32']
+    return TILES['low'] if arch >= 90 else TILES['low_sm80']
+
+
+def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16, arch=90):
     """Per kernel: block sizes, warps and pipeline stages, from TILES, shrunk to what short
     sequences need. `override` (tests): flat keys G, BA (lane kernels), BB (their column
     blocks), JA, BU (slot-a kernel), BBD (the slot-b kernel's key rows), num_warps,
     num_stages, applied to every kernel they fit."""
     dp = max(16, _pow2(dh))
     span_b = min(wb, Tk)
-    t = TILES['fp32' if dtype == torch.float32 else 'low'][dp]
+    t = _tile_table(dtype, arch)[dp]
     parts = (1, 2) if dp >= SPLIT_DA_FROM else (0,)
 
     def cols(bb, spread):  # no wider than the b keys one tile can see
@@ -725,7 +747,7 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
         return result
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
-    dp, c, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config, q.dtype)
+    dp, c, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q))
     prec, emu = _modes(q.dtype)
     with device_of(q):
         for h in _head_chunks(N):
@@ -759,7 +781,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
-    dp, _, cq, ca, cb = _configs(Tq, Tk, dh, wa, wb, config, q.dtype)
+    dp, _, cq, ca, cb = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q))
     prec, emu = _modes(q.dtype)
     common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu)
     qk_scale = float(scale) * LOG2E
@@ -786,8 +808,8 @@ _INTERPRET = not isinstance(_ha3_fwd_kernel, triton.runtime.JITFunction)
 # -----------------------------------------------------------------------------
 # what tools/compile_check.py compiles and counts
 
-def plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, override=None):
-    dp, fwd, dq, da, db = _configs(Tq, Tk, dh, wa, wb, override, dtype)
+def plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, override=None, arch=90):
+    dp, fwd, dq, da, db = _configs(Tq, Tk, dh, wa, wb, override, dtype, arch)
     return dict(dp=dp, fwd=fwd, dq=dq, da=da, db=db)
 
 
