@@ -91,15 +91,24 @@ def dot_precision(dtype):
     return 'ieee' if dtype == torch.float32 else 'tf32'  # fp32 inputs get fp32 dots, not TF32
 
 
-def block_sizes(kind, BD, A, dtype):
+# the HFA backward on sm_80 (mma.sync, per warp): (R, L, warps, stages) by head block and A
+SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4: (16, 32, 4, 1)},
+                64: {1: (64, 32, 4, 1), 2: (32, 32, 4, 1), 3: (32, 32, 4, 1), 4: (32, 32, 4, 1)},
+                128: {1: (64, 32, 4, 1), 2: (16, 32, 4, 1), 3: (16, 16, 4, 1), 4: (16, 16, 4, 1)}}
+
+
+def block_sizes(kind, BD, A, dtype, arch=90):
     """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd', 'linear_fwd', 'linear_bwd' (linear:
-    A = 1); for 'hfa_bwd' (R, L, num_warps, num_stages): rows kept, rows per step. Small tiles in the interpreter (more block edges tested). On a GPU, the
+    A = 1); for 'hfa_bwd' (R, L, num_warps, num_stages): rows kept, rows per step; for the
+    GPU of compute capability `arch` (before sm_90: the backward with one stage). Small tiles in the interpreter (more block edges tested). On a GPU, the
     largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90, found
     with tools/compile_check.py (which prints registers and stack per configuration)."""
     if INTERPRETED:
         return 16, 16, 1, 1
     stages = 2 if BD > 64 else 3
     if dtype == torch.float32:  # fp32 dots run on FMA units, not tensor cores: small tiles
+        if arch < 90:  # sm_80's smaller shared memory: 3 stages of A = 4 needed 176 KB
+            stages = 1
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
     if kind.endswith('fwd'):  # A = 4 at dh 128: 2 stages spill 8 B
         return (64, 32, 4, 1 if A == 4 and BD > 64 else stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
@@ -108,13 +117,27 @@ def block_sizes(kind, BD, A, dtype):
     # on wgmma. The largest R without spills on sm_90 (tools/compile_check.py): one stage
     # where two spilled (A = 3 at dh 64, A = 4 at dh 128); A = 4 at dh 64 and A = 3, 4 at
     # dh 128 spilled at every R >= 32 tried (8-2,600 B) and take 16-row tiles (mma.sync)
+    if kind == 'hfa_bwd' and arch < 90:  # sm_80: its own, no spills (tools/compile_check.py --arch 80)
+        return SM80_HFA_BWD[min(max(BD, 32), 128)][A]
     if kind == 'linear_bwd':
-        return (64, 64, 8, stages) if BD > 64 else (64, 64, 4, stages)
-    if BD > 64:
-        return {1: (64, 16, 4, 2), 2: (32, 32, 4, 2), 3: (16, 32, 4, 2), 4: (16, 16, 4, 1)}[A]
-    if A == 4 and BD <= 32:  # 16-row tiles on 4 warps compute tiles twice (and spilled 16 B at dh 16)
-        return 16, 32, 2, 2
-    return {1: (64, 64, 4, 3), 2: (64, 16, 4, 2), 3: (64, 16, 4, 1), 4: (16, 32, 4, 2)}[A]
+        t = (64, 64, 8, stages) if BD > 64 else (64, 64, 4, stages)
+    elif BD > 64:
+        t = {1: (64, 16, 4, 2), 2: (32, 32, 4, 2), 3: (16, 32, 4, 2), 4: (16, 16, 4, 1)}[A]
+    elif A == 4 and BD <= 32:  # 16-row tiles on 4 warps compute tiles twice (and spilled 16 B at dh 16)
+        t = (16, 32, 2, 2)
+    else:
+        t = {1: (64, 64, 4, 3), 2: (64, 16, 4, 2), 3: (64, 16, 4, 1), 4: (16, 32, 4, 2)}[A]
+    # sm_80 (mma.sync, per warp): a second stage spilled 8-112 B in some of these kernels
+    return t if arch >= 90 else t[:3] + (1,)
+
+
+def arch_of(t):
+    """The compute capability tiles are chosen for: the tensor's GPU (80 for an A100, 90 for
+    an H100/H200); 90 for CPU tensors (the interpreter, whose tiles are its own)."""
+    if not t.is_cuda:
+        return 90
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return 10 * major + minor
 
 
 def device_of(t):

@@ -247,27 +247,27 @@ def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
             yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note)
 
 
-def hfa_linear_cases(dtypes, bds, causals, families):
+def hfa_linear_cases(dtypes, bds, causals, families, arch=90):
     for dtype, BD, causal in itertools.product(dtypes, bds, causals):
         prec = common.dot_precision(dtype)
         nc = '' if causal else ' noncausal'
         if 'hfa' in families:
             for A in [1, 2, 3, 4]:
                 base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=prec)
-                BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype)
+                BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype, arch)
                 for kname, fn, cx, formula, useful in hfa.compiled_kernels('fwd', base, BM, BN, dtype):
                     yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
-                BM, BN, w, s = common.block_sizes('hfa_bwd', BD, A, dtype)
+                BM, BN, w, s = common.block_sizes('hfa_bwd', BD, A, dtype, arch)
                 for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
                     yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
         if 'linear' in families:
             for norm in [False, True]:
                 base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
-                for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype):
+                for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype, arch):
                     yield Case('linear', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
                                f'norm={norm}' + nc)
                 if causal:  # the chunked kernel (full causal self-attention at long T)
-                    for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin_chunked.compiled_kernels(base, BD, dtype):
+                    for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin_chunked.compiled_kernels(base, BD, dtype, arch):
                         yield Case('linear_chunked', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
                                    f'norm={norm}', whole=kname != 'linear_chunk_states')
 
@@ -284,7 +284,7 @@ def cases(args, arch=90):
         if args.ha_geometry:
             geos = [g for g in geos if args.ha_geometry == ('windows' if g[1] else 'full' if g[3] else 'noncausal')]
         yield from ha_cases(dtypes, dhs, geos, args.ha_split, arch)
-    yield from hfa_linear_cases(dtypes, dhs, [True] if args.quick else [True, False], fams)
+    yield from hfa_linear_cases(dtypes, dhs, [True] if args.quick else [True, False], fams, arch)
 
 
 def check(rec):

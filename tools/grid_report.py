@@ -456,14 +456,19 @@ def stalled_seeds(finals_by_seed):
 
 
 def long_grids():
-    """{length: {variant: row}} of the long study's grids (each run at its variant's chosen rate)."""
+    """{length: {variant: row}} of the long study's grids (each run at its variant's chosen
+    rate), with the seeds of their *_more grids pooled in."""
     out = {}
     for grid, iters in (('long1k', 1000), ('long3k', 3000), ('long', LONG_ITERS)):
         path = GRIDS / grid / 'results.json'
         if not path.exists():
             continue
-        rows = [r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2]
-        out[iters] = {r['variant'].rsplit('_lr', 1)[0]: r for r in rows}
+        rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
+        more = GRIDS / f'{grid}_more' / 'results.json'  # seeds 3 and 4 of the same runs, trained later
+        for r in (json.loads(more.read_text()) if more.exists() else []):
+            if r['n_seeds'] and r['variant'] in rows:
+                rows[r['variant']] = pooled(rows[r['variant']], r)
+        out[iters] = {v.rsplit('_lr', 1)[0]: r for v, r in rows.items()}
     return out
 
 

@@ -55,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import device_of
+from attention_kernels.triton_common import arch_of, device_of
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -615,15 +615,6 @@ TILES = {
              128: dict(fwd=(32, 32, 2), dq=(32, 16, 2), da=(32, 16, 2), db=(32, 32, 2)),
              256: dict(fwd=(32, 16, 1), dq=(16, 16, 1), da=(16, 16, 1), db=(16, 16, 1))},
 }
-
-
-def arch_of(t):
-    """The compute capability the tiles are chosen for: the tensor's GPU (e.g. 80, 90); 90
-    for CPU tensors (the interpreter, where the tile sizes do not matter for registers)."""
-    if not t.is_cuda:
-        return 90
-    major, minor = torch.cuda.get_device_capability(t.device)
-    return 10 * major + minor
 
 
 def _tile_table(dtype, arch):

@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, block_sizes, device_of, dot_precision,
-                                             factor_offset, full_blocks, head_block, key_range, query_range,
+from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, arch_of, block_sizes, device_of,
+                                             dot_precision, factor_offset, full_blocks, head_block, key_range, query_range,
                                              upcast_dots)
 
 
@@ -308,7 +308,7 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
     if N == 0 or Tq == 0:
         return out, lse, out32
     BD = head_block(D)
-    BM, BN, warps, stages = block_sizes('hfa_fwd', BD, A, q.dtype)
+    BM, BN, warps, stages = block_sizes('hfa_fwd', BD, A, q.dtype, arch_of(q))
     grid = (N, triton.cdiv(Tq, BM))
     with device_of(q):
         _hfa_fwd[grid](q, k, v, out, out32 if keep else out, lse, N * Tq * D, N * Tk * D, Tq, Tk, offset, window if causal else 0, scale,
@@ -331,7 +331,7 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     win = window if causal else 0
     # each kernel keeps R rows (its accumulators) and steps L rows at a time: dq keeps R
     # queries, dk/dv R keys; their dots all have R rows (wgmma's 64 where R = 64)
-    R, L, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype)
+    R, L, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype, arch_of(q))
     with device_of(q):
         _hfa_bwd_dq[(N, triton.cdiv(Tq, R))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
                                              offset, win, scale, BM=R, BN=L, num_warps=warps,

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from attention_kernels.linear import triton_chunked as chunked
-from attention_kernels.triton_common import (_cast, device_of, _mm, _visible, block_sizes, dot_precision, head_block, key_range,
-                                   query_range, upcast_dots)
+from attention_kernels.triton_common import (_cast, _mm, _visible, arch_of, block_sizes, device_of, dot_precision,
+                                             head_block, key_range, query_range, upcast_dots)
 
 
 @triton.jit
@@ -146,7 +146,7 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
     if out.numel() == 0:
         return out
     BD, meta = _meta(q, causal, norm, D)
-    BM, BN, warps, stages = block_sizes('linear_fwd', BD, 1, q.dtype)
+    BM, BN, warps, stages = block_sizes('linear_fwd', BD, 1, q.dtype, arch_of(q))
     with device_of(q):
         _linear_fwd[(N, triton.cdiv(Tq, BM))](q, k, v, out, Tq, Tk, offset, window if causal else 0, scale,
                                               BM=BM, BN=BN, num_warps=warps, num_stages=stages, **meta)
@@ -163,7 +163,7 @@ def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     BD, meta = _meta(q, causal, norm, D)
-    BM, BN, warps, stages = block_sizes('linear_bwd', BD, 1, q.dtype)
+    BM, BN, warps, stages = block_sizes('linear_bwd', BD, 1, q.dtype, arch_of(q))
     win = window if causal else 0
     with device_of(q):
         _linear_bwd_dq[(N, triton.cdiv(Tq, BM))](k, v, dout, dq, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
@@ -174,11 +174,11 @@ def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     return dq, dk, dv
 
 
-def compiled_kernels(base, BD, dtype):
+def compiled_kernels(base, BD, dtype, arch=90):
     """For tools/compile_check.py: (name, kernel, constexprs, (warps, stages), (rows, cols)
     of a step, tile matmuls per step that the formula needs, of which useful)."""
-    BM, BN, w, s = block_sizes('linear_fwd', BD, 1, dtype)
+    BM, BN, w, s = block_sizes('linear_fwd', BD, 1, dtype, arch)
     yield 'linear_fwd', _linear_fwd, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 2
-    BM, BN, w, s = block_sizes('linear_bwd', BD, 1, dtype)
+    BM, BN, w, s = block_sizes('linear_bwd', BD, 1, dtype, arch)
     yield 'linear_bwd_dq', _linear_bwd_dq, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 1
     yield 'linear_bwd_dkdv', _linear_bwd_dkdv, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 4, 3

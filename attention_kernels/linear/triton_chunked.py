@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import INTERPRETED, _cast, _mm, device_of, dot_precision, head_block, upcast_dots
+from attention_kernels.triton_common import (INTERPRETED, _cast, _mm, arch_of, device_of, dot_precision, head_block,
+                                             upcast_dots)
 
 # the quadratic kernel (triton.py) for shorter sequences, where the sequential pass over the
 # chunks (one program per head) would leave most of the GPU idle
@@ -38,15 +39,20 @@ def applies(Tq, Tk, offset, causal, window):
     return causal and window == 0 and offset == 0 and Tq == Tk and Tq >= CHUNKED_MIN_T
 
 
-def chunk_size(dtype):
-    """Positions per chunk: 64 (wgmma's tile height) for bf16 / fp16; 16 for fp32 (its dots run
-    on the FMA units, and 64-row fp32 tiles spill) and in the interpreter (more chunk edges)."""
-    return 16 if INTERPRETED or dtype == torch.float32 else 64
+def chunk_size(dtype, arch=90):
+    """Positions per chunk: 64 (wgmma's tile height) for bf16 / fp16 on sm_90, 32 before it
+    (64 spilled or overran shared memory on sm_80); 16 for fp32 (its dots run on the FMA
+    units, and 64-row fp32 tiles spill) and in the interpreter (more chunk edges)."""
+    if INTERPRETED or dtype == torch.float32:
+        return 16
+    return 64 if arch >= 90 else 32
 
 
-# 4 warps = one warp group: with 8, both groups would compute the same 64-row tiles (8 warps at
-# dh 128 executed 7 tile matmuls per chunk for the 4 the formula needs); 4 do not spill (sm_90)
-WARPS = 4
+def _launch(BD, arch):
+    """(num_warps, num_stages). sm_90: 4 warps = one warp group (with 8, both groups computed
+    the same 64-row tiles: 7 tile matmuls per chunk for 4 at dh 128), no spills. sm_80
+    (mma.sync, per warp): 8 warps at dh 128 and one stage, where 4 warps and 2 stages spilled."""
+    return (4, 2) if arch >= 90 else (8 if BD > 64 else 4, 1)
 
 
 @triton.jit
@@ -149,14 +155,16 @@ def _chunk_bwd_dkdv(Q, K, V, DO, R, DK, DV, seqlen, nchunks, scale, NORM: tl.con
 
 def _meta(q, D):
     BD = head_block(D)
-    return BD, dict(D=D, BD=BD, BT=chunk_size(q.dtype), UP=upcast_dots(q.dtype), PREC=dot_precision(q.dtype))
+    BT = chunk_size(q.dtype, arch_of(q))
+    return BD, dict(D=D, BD=BD, BT=BT, UP=upcast_dots(q.dtype), PREC=dot_precision(q.dtype))
 
 
 def _state_pass(x, y, norm_y, reverse, meta):
     N, T, D = x.shape
     NC = triton.cdiv(T, meta['BT'])
     s = torch.empty(N, NC, D, D, device=x.device, dtype=torch.float32)
-    _states[(N,)](x, y, s, T, NC, NORM_Y=norm_y, REVERSE=reverse, num_warps=WARPS, num_stages=2, **meta)
+    w, st = _launch(meta['BD'], arch_of(x))
+    _states[(N,)](x, y, s, T, NC, NORM_Y=norm_y, REVERSE=reverse, num_warps=w, num_stages=st, **meta)
     return s, NC
 
 
@@ -169,7 +177,8 @@ def chunked_forward(q, k, v, norm, scale):
     BD, meta = _meta(q, D)
     with device_of(q):
         s, NC = _state_pass(k, v, False, False, meta)
-        _chunk_fwd[(N, NC)](q, k, v, s, out, T, NC, scale, NORM=norm, num_warps=WARPS, num_stages=2, **meta)
+        w, st = _launch(BD, arch_of(q))
+        _chunk_fwd[(N, NC)](q, k, v, s, out, T, NC, scale, NORM=norm, num_warps=w, num_stages=st, **meta)
     return out
 
 
@@ -181,27 +190,28 @@ def chunked_backward(q, k, v, dout, norm, scale):
     if q.numel() == 0:
         return dq, dk, dv
     BD, meta = _meta(q, D)
-    w = WARPS
+    w, st = _launch(BD, arch_of(q))
     with device_of(q):
         s, NC = _state_pass(k, v, False, False, meta)  # recomputed: cheaper than keeping N T/BT dh^2 floats
-        _chunk_bwd_dq[(N, NC)](k, v, dout, s, dq, T, NC, scale, NORM=norm, num_warps=w, num_stages=2, **meta)
+        _chunk_bwd_dq[(N, NC)](k, v, dout, s, dq, T, NC, scale, NORM=norm, num_warps=w, num_stages=st, **meta)
         del s
         r, _ = _state_pass(q, dout, norm, True, meta)
-        _chunk_bwd_dkdv[(N, NC)](q, k, v, dout, r, dk, dv, T, NC, scale, NORM=norm, num_warps=w, num_stages=2, **meta)
+        _chunk_bwd_dkdv[(N, NC)](q, k, v, dout, r, dk, dv, T, NC, scale, NORM=norm, num_warps=w, num_stages=st, **meta)
     return dq, dk, dv
 
 
-def compiled_kernels(base, BD, dtype):
+def compiled_kernels(base, BD, dtype, arch=90):
     """For tools/compile_check.py, as triton.py's: (name, kernel, constexprs, (warps, stages),
     (rows, cols) of a step, tile matmuls per step that the formula needs, of which useful),
     a tile matmul being (BT x BD) @ (BD x BT). A step of the output and gradient kernels is
     one chunk (the whole program); of the state pass, one chunk's dh x dh update. The chunked
     form's FLOPs are all useful: it computes the formula, regrouped."""
-    BT, w = chunk_size(dtype), WARPS
+    BT, (w, st) = chunk_size(dtype, arch), _launch(BD, arch)
     meta = dict(D=base['D'], BD=BD, BT=BT, UP=False, PREC=base['PREC'])
     r = BD / BT  # a product with a dh x dh state, in tile matmuls
-    yield 'linear_chunk_states', _states, dict(meta, NORM_Y=False, REVERSE=False), (w, 2), (BT, BT), r, r
-    yield 'linear_chunk_states_rev', _states, dict(meta, NORM_Y=base['NORM'], REVERSE=True), (w, 2), (BT, BT), r, r
-    yield 'linear_chunk_fwd', _chunk_fwd, dict(meta, NORM=base['NORM']), (w, 2), (BT, BT), 2 + r, 2 + r
-    yield 'linear_chunk_bwd_dq', _chunk_bwd_dq, dict(meta, NORM=base['NORM']), (w, 2), (BT, BT), 2 + r, 2 + r
-    yield 'linear_chunk_bwd_dkdv', _chunk_bwd_dkdv, dict(meta, NORM=base['NORM']), (w, 2), (BT, BT), 4 + 2 * r, 4 + 2 * r
+    yield 'linear_chunk_states', _states, dict(meta, NORM_Y=False, REVERSE=False), (w, st), (BT, BT), r, r
+    yield 'linear_chunk_states_rev', _states, dict(meta, NORM_Y=base['NORM'], REVERSE=True), (w, st), (BT, BT), r, r
+    yield 'linear_chunk_fwd', _chunk_fwd, dict(meta, NORM=base['NORM']), (w, st), (BT, BT), 2 + r, 2 + r
+    yield 'linear_chunk_bwd_dq', _chunk_bwd_dq, dict(meta, NORM=base['NORM']), (w, st), (BT, BT), 2 + r, 2 + r
+    yield ('linear_chunk_bwd_dkdv', _chunk_bwd_dkdv, dict(meta, NORM=base['NORM']), (w, st), (BT, BT),
+           4 + 2 * r, 4 + 2 * r)
