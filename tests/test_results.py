@@ -183,3 +183,20 @@ def test_long_grids_name_each_chosen_rate_by_its_variant(tmp_path, monkeypatch):
     longs = grid_report.long_grids()
     assert list(longs) == [6000] and sorted(longs[6000]) == ['ha_share_w', 'sa_w16']
     assert longs[6000]['sa_w16']['variant'] == 'sa_w16_lr4e-3'
+
+
+def test_long_grids_pool_the_later_seeds(tmp_path, monkeypatch):
+    """Seeds 3 and 4, trained later into long_more, join the chosen rate's row of long; a
+    row of long_more with other settings is refused, not pooled."""
+    same = dict(params=1, flops_per_token=1.0, tokens=10, iters=6000, tokens_per_iter=2, overrides={'learning_rate': 8e-3})
+    first = {**_long_row('ha_share_w', {0: 1.5, 1: 1.6, 2: 1.55}), **same, 'n_seeds': 3, 'seeds': [0, 1, 2]}
+    later = {**_long_row('ha_share_w', {3: 1.52, 4: 1.58}), **same, 'n_seeds': 2, 'seeds': [3, 4]}
+    for grid, rows in (('long', [first]), ('long_more', [later])):
+        (tmp_path / grid).mkdir()
+        (tmp_path / grid / 'results.json').write_text(json.dumps(rows))
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    row = grid_report.long_grids()[6000]['ha_share_w']
+    assert row['seeds'] == [0, 1, 2, 3, 4] and sorted(grid_report.report_finals(row)) == [0, 1, 2, 3, 4]
+    (tmp_path / 'long_more' / 'results.json').write_text(json.dumps([{**later, 'iters': 3000}]))
+    with pytest.raises(AssertionError, match='iters'):
+        grid_report.long_grids()
