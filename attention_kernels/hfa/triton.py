@@ -128,22 +128,31 @@ def _hfa_fwd(Q, K, V, O, O32, LSE, sq_a, sk_a, Tq, Tk, offset, window, scale,
 
 
 @triton.jit
+def _factors(x_ptr, y_ptr, sx, sy, rx, ry, rd, Tx, Ty, scale, A: tl.constexpr, D: tl.constexpr, UP: tl.constexpr,
+             PREC: tl.constexpr):
+    """The scaled factor tiles x_a y_a^T * scale (rx rows, ry columns; unused ones = T_1) and
+    their product, the score tile: (q, k) for the query-block kernel, (k, q) transposed."""
+    t1 = _tile(x_ptr, y_ptr, sx, sy, 0, rx, ry, rd, Tx, Ty, D, UP, PREC) * scale
+    t2, t3, t4 = t1, t1, t1
+    s = t1
+    if A >= 2:
+        t2 = _tile(x_ptr, y_ptr, sx, sy, 1, rx, ry, rd, Tx, Ty, D, UP, PREC) * scale
+        s = s * t2
+    if A >= 3:
+        t3 = _tile(x_ptr, y_ptr, sx, sy, 2, rx, ry, rd, Tx, Ty, D, UP, PREC) * scale
+        s = s * t3
+    if A >= 4:
+        t4 = _tile(x_ptr, y_ptr, sx, sy, 3, rx, ry, rd, Tx, Ty, D, UP, PREC) * scale
+        s = s * t4
+    return t1, t2, t3, t4, s
+
+
+@triton.jit
 def _probs(q_ptr, k_ptr, v_ptr, do_ptr, LSE, DELTA, n, sq_a, sk_a, rm, rn, rd, Tq, Tk, offset, window, scale,
            A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """The (BM, BN) tiles of the backward: T_1..T_4 (scaled factors; unused ones = T_1),
     P and dS = P * (dP - D_i)."""
-    t1 = _tile(q_ptr, k_ptr, sq_a, sk_a, 0, rm, rn, rd, Tq, Tk, D, UP, PREC) * scale
-    t2, t3, t4 = t1, t1, t1
-    s = t1
-    if A >= 2:
-        t2 = _tile(q_ptr, k_ptr, sq_a, sk_a, 1, rm, rn, rd, Tq, Tk, D, UP, PREC) * scale
-        s = s * t2
-    if A >= 3:
-        t3 = _tile(q_ptr, k_ptr, sq_a, sk_a, 2, rm, rn, rd, Tq, Tk, D, UP, PREC) * scale
-        s = s * t3
-    if A >= 4:
-        t4 = _tile(q_ptr, k_ptr, sq_a, sk_a, 3, rm, rn, rd, Tq, Tk, D, UP, PREC) * scale
-        s = s * t4
+    t1, t2, t3, t4, s = _factors(q_ptr, k_ptr, sq_a, sk_a, rm, rn, rd, Tq, Tk, scale, A, D, UP, PREC)
     pos = offset + rm
     vis = _visible(pos, rn, Tk, window, CAUSAL) & (rm[:, None] < Tq)
     lse = tl.load(LSE + n * Tq + rm, mask=rm < Tq, other=0.0)
@@ -162,18 +171,7 @@ def _probs_t(q_ptr, k_ptr, v_ptr, do_ptr, LSE, DELTA, n, sq_a, sk_a, rm, rn, rd,
              A: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """_probs transposed, (BN, BM) tiles for the key-block kernel: each dot then has the key
     block's rows (64: a wgmma tile) rather than the query step's."""
-    t1 = _tile(k_ptr, q_ptr, sk_a, sq_a, 0, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
-    t2, t3, t4 = t1, t1, t1
-    s = t1
-    if A >= 2:
-        t2 = _tile(k_ptr, q_ptr, sk_a, sq_a, 1, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
-        s = s * t2
-    if A >= 3:
-        t3 = _tile(k_ptr, q_ptr, sk_a, sq_a, 2, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
-        s = s * t3
-    if A >= 4:
-        t4 = _tile(k_ptr, q_ptr, sk_a, sq_a, 3, rn, rm, rd, Tk, Tq, D, UP, PREC) * scale
-        s = s * t4
+    t1, t2, t3, t4, s = _factors(k_ptr, q_ptr, sk_a, sq_a, rn, rm, rd, Tk, Tq, scale, A, D, UP, PREC)
     pos = offset + rm
     vis = (rn[:, None] < Tk) & (pos[None, :] >= 0) & (rm[None, :] < Tq)  # _visible, transposed
     if CAUSAL:
