@@ -132,7 +132,7 @@ def test_factor_offsets_are_int64():
 @pytest.mark.skipif(sys.platform != 'linux', reason="the triton wheel's ptxas runs on Linux")
 def test_ha_compiles_for_hopper_and_ampere_without_spills(tmp_path):
     """tools/compile_check.py for sm_90 and sm_80 (each with its own tiles): HA forward and
-    backward (windows 512 x 32, T = 4096) at head size 64, bf16, in a child process (here
+    backward (windows 512 x 32, T = 4096: the fused dq + slot-a kernel) at head size 64, bf16, in a child process (here
     triton is interpreted). It exits non-zero on a spill or on shared memory over the
     limit; every kernel must also run exactly the formula's tile matmuls per step, plus
     the split ones (none twice)."""
@@ -145,11 +145,12 @@ def test_ha_compiles_for_hopper_and_ampere_without_spills(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     recs = json.loads(out.read_text())['records']
     ha = [x for x in recs if x['family'] == 'ha']
-    assert {x['kernel'] for x in ha} == {'ha_fwd', 'ha_bwd_dq', 'ha_bwd_da', 'ha_bwd_db'}
+    # windows (512, 32): dq and slot a in the fused kernel, two launches with the split products
+    assert {x['kernel'] for x in ha} == {'ha_fwd', 'ha_bwd_dqka', 'ha_bwd_dqva', 'ha_bwd_db'}
     assert sorted(x['arch'] for x in ha) == [80] * 4 + [90] * 4
     assert all(x['spill'] == 0 and x['smem'] <= x['smem_limit'] for x in recs)
     split = attention_kernels._modules['ha'].default_split(torch.bfloat16)
-    extra = {'ha_fwd': min(split, 1), 'ha_bwd_dq': split, 'ha_bwd_da': split, 'ha_bwd_db': split}
+    extra = {'ha_fwd': min(split, 1), 'ha_bwd_dqka': split, 'ha_bwd_dqva': min(split, 1), 'ha_bwd_db': split}
     for x in ha:
         assert abs(x['mma_per_step'] - (x['formula'] + extra[x['kernel']])) < 1e-9, x
 

@@ -135,13 +135,16 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize('fuse', [True, False], ids=['fused', 'unfused'])
 @pytest.mark.parametrize('N,Tq,Tk,dh,offset,causal,w1,w2,shared', CASES)
-def test_fp32_matches_definition(tha, N, Tq, Tk, dh, offset, causal, w1, w2, shared):
+def test_fp32_matches_definition(tha, N, Tq, Tk, dh, offset, causal, w1, w2, shared, fuse):
+    """fused: the backward's dq + slot-a kernel wherever it applies (causal, every query's
+    a keys in one lane tile: all the causal cases here); unfused: dq and slot a apart."""
     m, dev = tha
     gen = torch.Generator().manual_seed(Tq * 1000 + Tk + dh + w1 + 7 * w2)
     ins, dout = inputs(N, Tq, Tk, dh, shared, torch.float32, dev, gen)
     geo = (offset, causal, w1, w2, dh ** -0.5)
-    out, lse, grads = run_kernels(m, ins, dout, geo)
+    out, lse, grads = run_kernels(m, ins, dout, geo, config=dict(FUSE=fuse))
     ref_out, ref_lse, ref_grads = reference_grads(ins, dout, *geo)
     assert out.dtype == torch.float32 and lse.dtype == torch.float32 and out.shape == (N, Tq, dh)
     assert max_rel(out, ref_out) < 1e-4
@@ -171,6 +174,45 @@ def test_fp32_small_blocks(tha, Tq, Tk, offset, w1, w2):
     assert max_rel(out, ref_out) < 1e-4
     for g, r in zip(grads, ref_grads):
         assert max_rel(g, r) < 1e-4
+
+
+def test_fused_backward_where_it_applies():
+    """The fused dq + slot-a kernel takes causal attention whose narrow window fits one lane
+    tile (the GPU configs' windows (512, 32)); full causal at long T, non-causal, queries
+    past the last key and head size 128 keep dq and slot a apart."""
+    from attention_kernels.ha import triton as ha
+
+    def fused(T, dh, w1, w2, causal=True, offset=0, Tk=None):
+        Tk = Tk or T
+        _, wa, wb = ha._geometry(T, Tk, offset, causal, w1, w2)
+        dqa = ha._configs(T, Tk, dh, wa, wb, split=2)[3]
+        return ha._fused(dqa, T, Tk, offset, causal, wa)
+    assert fused(4096, 64, 512, 32) and fused(4096, 64, 32, 512) and fused(4096, 32, 512, 64)
+    assert fused(64, 16, 0, 0)  # short: every key in one lane tile
+    assert not fused(4096, 64, 0, 0) and not fused(4096, 64, 512, 128)
+    assert not fused(64, 16, 0, 0, causal=False)
+    assert not fused(17, 16, 0, 0, offset=5, Tk=17)  # queries past the last key
+    assert not fused(4096, 128, 512, 32)
+
+
+def test_fused_backward_owns_each_key_in_two_parities():
+    """Programs of one parity never reach the same a key: a program's NG query groups reach
+    NG * G + BA - 1 keys from its first query's window, and the next program of its parity
+    starts 2 * NG * G queries later; so plane 0 + plane 1 is every key's whole sum."""
+    from attention_kernels.ha import triton as ha
+    for T, dh, w1, w2 in [(4096, 64, 512, 32), (4096, 16, 512, 64), (64, 16, 16, 8), (17, 32, 5, 3), (1, 16, 0, 0)]:
+        _, wa, wb = ha._geometry(T, T, 0, True, w1, w2)
+        c = ha._configs(T, T, dh, wa, wb, split=2)[3]
+        assert c['FUSE'] and c['NG'] * c['G'] >= c['BA'] - 1, (T, dh, c)
+        assert c['KR'] >= c['G'] + c['BA'] - 1
+
+
+@pytest.mark.parametrize('dh,w1,w2', [(64, 16, 8), (48, 0, 20)])
+def test_fused_backward_bf16_two_launches(tha, dh, w1, w2):
+    """Head sizes 33-64 with the split products run the fused kernel as two launches (dq
+    and dka; dva): bf16 within 2x SDPA's error."""
+    m, dev = tha
+    check_bf16_against_sdpa(m, dev, 2, 48, dh, w1, w2, False, torch.Generator().manual_seed(dh + w2))
 
 
 def test_large_logits_rescale(tha):
