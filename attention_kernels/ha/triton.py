@@ -328,6 +328,29 @@ def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb,
 
 
 @triton.jit
+def _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
+                R: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, PART: tl.constexpr,
+                SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+    """Per lane (i_r, ja) at positions p_r in [p_min, p_max], over every b key it sees:
+    (Gk, Gv) = (dS @ kb, P @ vb) as _bwd_sweep's PART asks (Gv is Gk, unused, when PART
+    asks for Gk alone)."""
+    dt = Q.dtype.element_ty
+    lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
+    A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+    Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
+                       SPLIT >= 2 and PART != 2)
+    lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
+    Gk = tl.zeros((R, DP), tl.float32)
+    Gv = Gk  # carried unchanged (never a second accumulator) when only Gk is asked for
+    if PART == 0 or PART == 2:
+        Gv = tl.zeros((R, DP), tl.float32)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+    return Gk, Gv
+
+
+@triton.jit
 def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
@@ -355,7 +378,6 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
     p_r = _pos(i_r, offset, Tk, CAUSAL)
     p_lo = _pos(i0, offset, Tk, CAUSAL)
     p_hi = _pos(tl.minimum(i0 + G, Tq) - 1, offset, Tk, CAUSAL)
-    lo, lead_end, mid_end, hi = _column_regions(p_lo, p_hi, Tk, Wb, BB)
 
     dq = tl.zeros((G, DP), tl.float32)
     t_lo = tl.maximum(0, p_lo - (Tk - 1))
@@ -364,14 +386,8 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
-        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 2)
-        lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-        Gk = tl.zeros((R, DP), tl.float32)
-        Gv = Gk  # unused (PART 3) and carried unchanged: never the updated Gk, which would be a second accumulator
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, 3, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, 3, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, 3, SPLIT, PREC, EMU)
+        Gk, _ = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
+                            R, DH, DP, BB, 3, SPLIT, PREC, EMU)
         # re-read rather than hold ka through the sweeps (registers)
         dq += tl.sum(tl.reshape(_gather(KA, ja, ok, d, DH, DP) * Gk, (G, BA, DP)), 1)
 
@@ -429,18 +445,8 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
             p_max = Tk - 1
         ok = (ja_r < Tk) & (i_r >= 0) & (i_r < Tq) & (up < Wa)
         p_r = _pos(i_r, offset, Tk, CAUSAL)
-        lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja_r, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
-        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja_r, ok, d, DH, DP), dt, EMU,
-                           SPLIT >= 2 and PART != 2)
-        lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-        Gk = tl.zeros((R, DP), tl.float32)
-        Gv = Gk  # carried unchanged when PART is 1
-        if PART != 1:
-            Gv = tl.zeros((R, DP), tl.float32)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+        Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja_r, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
+                             R, DH, DP, BB, PART, SPLIT, PREC, EMU)
         if PART != 2:
             dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
         if PART != 1:
@@ -525,22 +531,12 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
         p_r = offset + i_r
         p_lo = offset + s
         p_hi = offset + tl.minimum(s + G, s_end) - 1
-        lo, lead_end, mid_end, hi = _column_regions(p_lo, p_hi, Tk, Wb, BB)
         tb = tl.maximum(0, p_lo - (Tk - 1))
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
-        Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
-                           SPLIT >= 2 and PART != 2)
-        lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-        Gk = tl.zeros((R, DP), tl.float32)
-        Gv = Gk  # carried unchanged when PART is 1
-        if PART != 1:
-            Gv = tl.zeros((R, DP), tl.float32)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
-        Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+        Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
+                             R, DH, DP, BB, PART, SPLIT, PREC, EMU)
         keys = p_lo - tb - (BA - 1) + kk
         k_ok = (kk < G + BA - 1) & (keys >= 0) & (keys < Tk)
         if PART != 2:
