@@ -94,6 +94,15 @@ def _state(S, n, c, nchunks, rd, D: tl.constexpr, dtype: tl.constexpr, UP: tl.co
 
 
 @triton.jit
+def _causal_chunk(x, a, b, s, rows, UP: tl.constexpr, PREC: tl.constexpr):
+    """x s + tril(x a^T) b in float32: a chunk's rows x against the state s of the chunks
+    before it and, causally, against its own rows (output: q, k, v, S; dq: g, v, k, S^T)."""
+    acc = _mm(x, s, UP, PREC)
+    p = tl.where(rows[:, None] >= rows[None, :], _mm(x, tl.trans(a), UP, PREC), 0.0)
+    return acc + _mm(_cast(p, b.dtype, UP), b, UP, PREC)
+
+
+@triton.jit
 def _chunk_fwd(Q, K, V, S, O, seqlen, nchunks, scale, NORM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                BT: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
@@ -103,10 +112,7 @@ def _chunk_fwd(Q, K, V, S, O, seqlen, nchunks, scale, NORM: tl.constexpr, D: tl.
     q = _load(Q, n, rows, rd, seqlen, D)
     k = _load(K, n, rows, rd, seqlen, D)
     v = _load(V, n, rows, rd, seqlen, D)
-    acc = _mm(q, _state(S, n, c, nchunks, rd, D, q.dtype, UP), UP, PREC)
-    p = tl.where(rows[:, None] >= rows[None, :], _mm(q, tl.trans(k), UP, PREC), 0.0)
-    acc += _mm(_cast(p, v.dtype, UP), v, UP, PREC)
-    acc = acc * scale
+    acc = _causal_chunk(q, k, v, _state(S, n, c, nchunks, rd, D, q.dtype, UP), rows, UP, PREC) * scale
     if NORM:
         acc = acc / (rows + 1).to(tl.float32)[:, None]
     tl.store(O + n * seqlen * D + rows[:, None] * D + rd[None, :], _cast(acc, O.dtype.element_ty, UP),
@@ -123,9 +129,7 @@ def _chunk_bwd_dq(K, V, DO, S, DQ, seqlen, nchunks, scale, NORM: tl.constexpr, D
     g = _scaled_rows(_load(DO, n, rows, rd, seqlen, D), rows, NORM, UP)
     k = _load(K, n, rows, rd, seqlen, D)
     v = _load(V, n, rows, rd, seqlen, D)
-    acc = _mm(g, tl.trans(_state(S, n, c, nchunks, rd, D, g.dtype, UP)), UP, PREC)
-    dp = tl.where(rows[:, None] >= rows[None, :], _mm(g, tl.trans(v), UP, PREC), 0.0)
-    acc += _mm(_cast(dp, k.dtype, UP), k, UP, PREC)
+    acc = _causal_chunk(g, v, k, tl.trans(_state(S, n, c, nchunks, rd, D, g.dtype, UP)), rows, UP, PREC)
     tl.store(DQ + n * seqlen * D + rows[:, None] * D + rd[None, :], _cast(acc * scale, DQ.dtype.element_ty, UP),
              mask=(rows[:, None] < seqlen) & (rd[None, :] < D))
 
