@@ -81,7 +81,6 @@ class Case:
     useful: int    # of which count as useful FLOPs (bench.py's convention: backward = 2 x forward)
     note: str = ''
     whole: bool = False  # a loop-free kernel (one program = one step): count its whole code
-    epilogue: float = 0.0  # tensor FLOPs per step spent outside the loop (HA's fused kernel), modelled at the loop's rate
 
 
 def signature(fn, dtype, constexprs):
@@ -202,7 +201,7 @@ def analyse(case, k, arch):
     unit = 2 * case.rows * case.cols * case.hd
     rec = dict(family=case.family, kernel=case.name, arch=arch, dtype=TT[case.dtype], warps=case.warps,
                stages=case.stages, config={k: v for k, v in case.constexprs.items()
-                                           if k not in ('PREC', 'EMU', 'UP', 'DH', 'D', 'INTERP')},
+                                           if k not in ('PREC', 'EMU', 'UP', 'DH', 'D')},
                note=case.note, regs=usage.get('REG', -1), spill=usage.get('STACK', 0),
                stl=sum('STL' in s for s in sass.splitlines()), smem=k.metadata.shared,
                smem_limit=SMEM_LIMIT.get(arch, SMEM_LIMIT[90]), formula=case.formula, useful=case.useful,
@@ -214,15 +213,12 @@ def analyse(case, k, arch):
         rec['mma_per_step'] = main['flops'] / unit
         rec['instr_per_step'] = main['instr']
         rec['mufu_per_step'] = main['mufu']
-        rec['epilogue_mma_per_step'] = case.epilogue / unit
         if arch >= 90 and case.dtype != torch.float32:
             m = model(main, case.warps)
-            # the epilogue's tensor work at the loop's own efficiency: the step takes longer by its share
-            scale = case.formula / rec['mma_per_step'] * main['flops'] / (main['flops'] + case.epilogue)
+            scale = case.formula / rec['mma_per_step']
             rec.update(t_mma=m['t_mma'], t_issue=m['t_issue'], t_exp=m['t_exp'],
                        est=m['est'] * scale, best=m['best'] * scale, worst=m['worst'] * scale,
-                       cycles=m['t_mma'] * (1 + case.epilogue / main['flops']) / m['est'],
-                       pairs=case.rows * case.cols)
+                       cycles=m['t_mma'] / m['est'], pairs=case.rows * case.cols)
             # t_mma counts executed work; the fraction of peak counts the formula's
             rec['est'] = min(rec['est'], 1.0)
     else:
@@ -240,7 +236,7 @@ def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
         swap, wa, wb = ha._geometry(T, T, 0, causal, w1, w2)
         prec = 'ieee' if dtype == torch.float32 else 'tf32'
         split = ha.SPLITS[split_name] if split_name and dtype != torch.float32 else ha.default_split(dtype)
-        plan = ha.plan(T, T, dh, wa, wb, dtype, arch=arch, causal=causal, split=split)  # the tiles the wrapper takes on that GPU
+        plan = ha.plan(T, T, dh, wa, wb, dtype, arch=arch, causal=causal)  # the tiles the wrapper takes on that GPU
         note = f"T={T} w=({w1},{w2}){'' if causal else ' noncausal'}"
         for kname, fn, c in ha.kernels_of(plan, dtype):
             c = dict(c)
@@ -249,15 +245,9 @@ def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
             cx = dict(DH=dh, DP=plan['dp'], PREC=prec, EMU=False, **c)
             if 'CAUSAL' in fn.arg_names:
                 cx['CAUSAL'] = causal
-            if 'INTERP' in fn.arg_names:
-                cx['INTERP'] = False
             if 'SPLIT' in fn.arg_names:
                 cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' else split
-            # once per query group: over its (span_b + G - 1) / BB column steps
-            steps = -(-(plan['span_b'] + c['G'] - 1) // c['BB']) if 'G' in c else 1
-            epi = ha.epilogue_flops(kname, dict(c, DP=plan['dp'])) / steps
-            yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note,
-                       epilogue=epi)
+            yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note)
 
 
 def hfa_linear_cases(dtypes, bds, causals, families, arch=90):
@@ -331,7 +321,7 @@ def summary(recs):
         out.append(dict(family=fam, dtype=dt, hd=hd, note=note, fwd=useful / (SM90_MMA_FLOP_PER_CYCLE * c_f),
                         bwd=2 * useful / (SM90_MMA_FLOP_PER_CYCLE * c_b),
                         fwd_bwd=3 * useful / (SM90_MMA_FLOP_PER_CYCLE * (c_f + c_b)),
-                        bwd_mma_per_step=sum(r['mma_per_step'] + r.get('epilogue_mma_per_step', 0) for r in bwd),
+                        bwd_mma_per_step=sum(r['mma_per_step'] for r in bwd),
                         cycles_per_pair=dict(fwd=c_f, bwd=c_b)))
     return out
 
@@ -341,8 +331,6 @@ def line(rec):
     s = (f"sm_{rec['arch']} {rec['kernel']:<14} {rec['dtype']:<4} {rec['note']:<22} {cfg} w={rec['warps']}"
          f" s={rec['stages']}: regs {rec['regs']} spill {rec['spill']} smem {rec['smem']}"
          f" mma/step {rec['mma_per_step']:.1f} (formula {rec['formula']})")
-    if rec.get('epilogue_mma_per_step'):
-        s += f" + {rec['epilogue_mma_per_step']:.2f} epilogue"
     if 'est' in rec:
         s += f" est {100 * rec['est']:.0f}% [{100 * rec['worst']:.0f}-{100 * rec['best']:.0f}]"
     return s

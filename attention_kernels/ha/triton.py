@@ -37,13 +37,13 @@ D_i = dO_i . out_i (precomputed, O(T), from the forward's float32 output when gi
   _ha3_bwd_dqa_kernel  dq and slot a in one sweep where every query's a keys fit one lane
                        tile (causal, narrow a window: the GPU configs' (512, 32)): the lanes
                        of a query group give Gk and Gv once; dq sums them along ja (owned),
-                       slot a's dk, dv along i, through a 0/1 matmul into the group's a keys
-                       and a float32 plane per program parity (two programs of one parity
-                       never share a key), summed once at the end: deterministic.
-Elsewhere (full causal at long T, non-causal, head size 128 and up) dq and slot a are two
-kernels: the same dS summed along different axes, and an a key's queries then span more
-programs than two planes can hold. From head size 128 each slot's dk and dv are two
-launches (one accumulator each fits the registers).
+                       slot a's dk, dv along i, added (float32, one query's lanes at a
+                       time) into a plane per program parity (two programs of one parity
+                       never share a key), the two summed once at the end: deterministic.
+Elsewhere dq and slot a are two kernels (the same dS summed along different axes): full
+causal at long T and non-causal, where an a key's queries span more programs than two
+planes hold, and head size 128 and up, where the fused kernel spilled. From head size 128
+each slot's dk and dv are two launches (one accumulator each fits the registers).
 Statistics, accumulators and gradient sums are float32 whatever the input dtype; matmul
 inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane row is a
 product of two inputs, which the input dtype rounds to half its digits; split_products
@@ -53,8 +53,7 @@ in the forward and the backward alike (they must agree: P = exp(logit - lse)). D
 
 Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2 (3 split);
 backward 3 (dq) + 4 (slot a) + 4 (slot b) = 11 without the split, 17 with 'both'; fused,
-4 (dq and slot a) + 4 = 8 without the split, 8 + 6 = 14 with 'both' (then two launches,
-dq + dka and dva), plus the 0/1 matmuls once per query group; one warp group (4 warps)
+4 (dq and slot a) + 4 = 8 without the split, 6 + 6 = 12 with 'both'; one warp group (4 warps)
 per 64 tile rows, so no tile is computed twice (tools/compile_check.py counts them in the
 compiled code), except where TILES says otherwise (head size 128).
 """
@@ -461,47 +460,32 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
 
 
 @triton.jit
-def _lanes_to_keys(C, k_r, KR: tl.constexpr, FP32: tl.constexpr, INTERP: tl.constexpr):
-    """(KR, DP): row k sums the float32 lane rows C (R, DP) whose key index k_r is k. A matmul
-    with the 0/1 matrix [k == k_r]; C goes in as bf16 hi + lo (each row kept to ~2^-17 of
-    itself; bf16 for its range: C is a gradient), for fp32 inputs as it is. INTERP: Triton's
-    CPU interpreter, whose bf16 dots are emulated (see _lowp) whatever the input dtype."""
-    onehot = (tl.arange(0, KR)[:, None] == k_r[None, :]).to(tl.float32)
-    if FP32:
-        acc = tl.dot(onehot, C, input_precision='ieee')
-    else:
-        hi = _lowp(C, tl.bfloat16, INTERP)
-        lo = _lowp(C - hi.to(tl.float32), tl.bfloat16, INTERP)
-        onehot = _lowp(onehot, tl.bfloat16, INTERP)
-        acc = tl.dot(onehot, lo, input_precision='ieee')  # bf16 operands: the precision is unused on a GPU
-        acc = tl.dot(onehot, hi, acc, input_precision='ieee')
-    return acc
-
-
-@triton.jit
-def _add_rows(base, keys, ok, red, d, DH: tl.constexpr):
-    """base[keys] += red on the rows where ok (float32, read-modify-write)."""
-    ptr = base + keys[:, None] * DH + d[None, :]
-    mask = ok[:, None] & (d[None, :] < DH)
-    tl.store(ptr, tl.load(ptr, mask=mask, other=0.0) + red, mask=mask)
+def _add_lanes(base, ja, ok, C, g_r, d, G: tl.constexpr, DH: tl.constexpr):
+    """base[ja] += C (float32 rows, read-modify-write) for the lanes where ok. Lanes of
+    different queries share keys, so one query's lanes at a time (theirs are distinct),
+    with a barrier after each: the next pass reads rows other threads wrote."""
+    ptr = base + ja[:, None] * DH + d[None, :]
+    for g in tl.static_range(G):
+        mask = (ok & (g_r == g))[:, None] & (d[None, :] < DH)
+        tl.store(ptr, tl.load(ptr, mask=mask, other=0.0) + C, mask=mask)
+        tl.debug_barrier()
 
 
 @triton.jit
 def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
                         Tq, Tk, offset, Wa, Wb, qk_scale, scale, plane_stride,
                         DH: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, BA: tl.constexpr,
-                        BB: tl.constexpr, NG: tl.constexpr, KR: tl.constexpr, SPLIT: tl.constexpr,
-                        PREC: tl.constexpr, EMU: tl.constexpr, INTERP: tl.constexpr, PART: tl.constexpr):
+                        BB: tl.constexpr, NG: tl.constexpr, SPLIT: tl.constexpr,
+                        PREC: tl.constexpr, EMU: tl.constexpr):
     """dq and slot a's gradients in one sweep (causal; every query's a keys in one lane tile,
     i.e. min(Wa, Tk) <= BA). The lanes (i, ja) of a query group give Gk = dS @ kb and
     Gv = P @ vb once; summed along ja they are dq (owned: the group's queries are this
     program's), along i slot a's dk and dv, whose keys other programs' queries also see.
-    Those sums go to a float32 plane per program parity: the NG groups of a program reach
-    NG * G + BA - 1 <= 2 NG * G keys, so no two programs of one parity share a key, and
-    dka = plane 0 + plane 1 is summed in a fixed order (deterministic, no atomics).
-    PART 0: dq, dka, dva; 1: dq, dka; 2: dva (two launches at head size 128)."""
+    Those sums are added, exactly in float32, to a plane per program parity: the NG groups
+    of a program reach NG * G + BA - 1 <= 2 NG * G keys, so no two programs of one parity
+    share a key, and dka = plane 0 + plane 1 is summed in a fixed order (deterministic, no
+    atomics)."""
     R: tl.constexpr = G * BA
-    FP32: tl.constexpr = Q.dtype.element_ty == tl.float32
     n = tl.program_id(1).to(tl.int64)
     prog = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest causal rows first
     plane = (prog % 2).to(tl.int64)
@@ -522,8 +506,6 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
     r = tl.arange(0, R)
     g_r = r // BA
     t_r = r % BA
-    k_r = g_r + (BA - 1) - t_r  # lane (g, t) holds key p_lo + g - t - tb: index k_r from p_lo - tb - BA + 1
-    kk = tl.arange(0, KR)
     s_end = tl.minimum((prog + 1) * NG * G, Tq)
     for s in range(prog * NG * G, s_end, G):
         i_r = s + g_r
@@ -536,19 +518,14 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
         Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
-                             R, DH, DP, BB, PART, SPLIT, PREC, EMU)
-        keys = p_lo - tb - (BA - 1) + kk
-        k_ok = (kk < G + BA - 1) & (keys >= 0) & (keys < Tk)
-        if PART != 2:
-            # re-read rather than hold ka and q through the sweeps (registers)
-            dq = tl.sum(tl.reshape(_rows(KA, ja, ok, d, DH, DP).to(tl.float32) * Gk, (G, BA, DP)), 1)
-            gi = s + tl.arange(0, G)
-            tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
-                     mask=(gi < s_end)[:, None] & (d[None, :] < DH))
-            _add_rows(PK, keys, k_ok, _lanes_to_keys(_rows(Q, i_r, ok, d, DH, DP).to(tl.float32) * Gk, k_r, KR, FP32, INTERP), d, DH)
-        if PART != 1:
-            _add_rows(PV, keys, k_ok, _lanes_to_keys(_rows(DO, i_r, ok, d, DH, DP).to(tl.float32) * Gv, k_r, KR, FP32, INTERP), d, DH)
-        tl.debug_barrier()  # the next group adds to rows this one wrote (other threads' stores)
+                             R, DH, DP, BB, 0, SPLIT, PREC, EMU)
+        # re-read rather than hold ka, q and dO through the sweeps (registers)
+        dq = tl.sum(tl.reshape(_rows(KA, ja, ok, d, DH, DP).to(tl.float32) * Gk, (G, BA, DP)), 1)
+        gi = s + tl.arange(0, G)
+        tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
+                 mask=(gi < s_end)[:, None] & (d[None, :] < DH))
+        _add_lanes(PK, ja, ok, _rows(Q, i_r, ok, d, DH, DP).to(tl.float32) * Gk, g_r, d, G, DH)
+        _add_lanes(PV, ja, ok, _rows(DO, i_r, ok, d, DH, DP).to(tl.float32) * Gv, g_r, d, G, DH)
 
 
 @triton.jit
@@ -708,30 +685,28 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 # Rows are 64 per warp group (see _warps). From 128 on, each slot's dk and dv are two
 # launches (SPLIT_DA_FROM); db_k: slot b's dk launch's own lanes. Chosen with
 # tools/compile_check.py: the largest tiles with no register spill on sm_90 (with the
-# default split) and shared memory within the limit. dqa: the fused dq + slot-a kernel's
-# (rows, cols, stages, warps or None, launches), dqa_split its own with the split products. At 128, dq and slot a's dk
+# default split) and shared memory within the limit. dqa: the fused dq + slot-a kernel;
+# none from 128 on, where it spilled in every tiling tried. At 128, dq and slot a's dk
 # spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
 # take two: spill-free, but the second computes the logits and dP again (5 tile matmuls
 # per step instead of 3).
 TILES = {
-    'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1, None, 1)),
-            32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(64, 32, 1, None, 1)),
-            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2), dqa=(64, 16, 1, None, 1),
-                     dqa_split=(64, 16, 2, None, 2)),
+    'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1)),
+            32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(64, 32, 1)),
+            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2), dqa=(64, 16, 1)),
             128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
                       db_k=(64, 16, 2)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     # sm_80 (A100: mma.sync per warp, 166,912 B of shared memory): 'low' spilled there
-    'low_sm80': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1, None, 1)),
-                 32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(64, 32, 2), dqa=(128, 32, 1, None, 1)),
-                 64: dict(fwd=(128, 32, 2), dq=(128, 16, 2), da=(128, 16, 2), db=(64, 16, 1), dqa=(64, 16, 1, None, 1),
-                          dqa_split=(64, 16, 1, None, 2)),
+    'low_sm80': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1)),
+                 32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(64, 32, 2), dqa=(128, 32, 1)),
+                 64: dict(fwd=(128, 32, 2), dq=(128, 16, 2), da=(128, 16, 2), db=(64, 16, 1), dqa=(64, 16, 1)),
                  128: dict(fwd=(128, 16, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(32, 16, 1),
                            db_k=(32, 16, 1)),
                  256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
-    'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2), dqa=(64, 32, 2, None, 1)),
-             32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2), dqa=(64, 32, 2, None, 1)),
-             64: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(32, 32, 2), dqa=(64, 32, 2, None, 1)),
+    'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2), dqa=(64, 32, 2)),
+             32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2), dqa=(64, 32, 2)),
+             64: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(32, 32, 2), dqa=(64, 32, 2)),
              128: dict(fwd=(32, 32, 2), dq=(32, 16, 2), da=(32, 16, 2), db=(32, 32, 2)),
              256: dict(fwd=(32, 16, 1), dq=(16, 16, 1), da=(16, 16, 1), db=(16, 16, 1))},
 }
@@ -743,7 +718,7 @@ def _tile_table(dtype, arch):
     return TILES['low'] if arch >= 90 else TILES['low_sm80']
 
 
-def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16, arch=90, split=0):
+def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16, arch=90):
     """Per kernel: block sizes, warps and pipeline stages, from TILES, shrunk to what short
     sequences need. `override` (tests): flat keys G, BA (lane kernels), BB (their column
     blocks), JA, BU (slot-a kernel), BBD (the slot-b kernel's key rows), num_warps,
@@ -764,14 +739,9 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16, arch=90, s
 
     fwd = by_query(*t['fwd'])
     dq = by_query(*t['dq'])
-    # the fused kernel: (rows, cols, stages, warps, launches), its own for the split products;
-    # none from head size 128 (its dq + dka launch spilled in every tiling tried)
-    fused = t.get('dqa_split' if split and 'dqa_split' in t else 'dqa')
-    dqa = dict(G=1, BA=1, FUSE=False)
-    if fused:
-        rows, bb, stages, warps, launches = fused
-        dqa = by_query(rows, bb, stages, warps)
-        dqa.update(PARTS=(0,) if launches == 1 else (1, 2), FUSE=o.get('FUSE', True))
+    dqa = dict(G=1, BA=1, FUSE=False)  # the fused kernel, where the table has it
+    if 'dqa' in t:
+        dqa = dict(by_query(*t['dqa']), FUSE=o.get('FUSE', True))
     rows, bb, stages = t['da'][:3]
     JA, BU = _lanes(min(wa, Tq), rows, Tk)  # a keys owned, queries per key
     da = dict(JA=JA, BU=BU, BB=cols(bb, JA + BU), num_warps=_warps(JA * BU), num_stages=stages, PARTS=parts)
@@ -786,7 +756,7 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16, arch=90, s
     for c in (fwd, dq, dqa, da):
         c.update({k: o[k] for k in ('G', 'BA', 'BB', 'JA', 'BU', 'num_warps', 'num_stages') if k in o and k in c})
     if dqa['FUSE']:  # groups per program (NG * G >= BA: see the kernel) and the a keys one group reaches
-        dqa.update(NG=triton.cdiv(dqa['BA'], dqa['G']), KR=_pow2(dqa['G'] + dqa['BA'] - 1))
+        dqa.update(NG=triton.cdiv(dqa['BA'], dqa['G']))
     db.update({k: o[k] for k in ('G', 'BA', 'num_warps', 'num_stages') if k in o})
     if 'BBD' in o:
         db['BB'] = o['BBD']
@@ -894,7 +864,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     split_products (bf16/fp16 inputs): how the lane products q*ka and dO*va, which the
     input dtype rounds to half their digits, enter the logit and dP matmuls: 'none'
     (rounded: 11 tile matmuls per step, 8 where dq and slot a are fused), 'logits' (the
-    logits' as hi + lo, two matmuls: 14), 'both' (17, fused 14), or None for
+    logits' as hi + lo, two matmuls: 14), 'both' (17, fused 12), or None for
     DEFAULT_SPLIT; the same as the forward's. See docs."""
     _check(q, (k1, k2, v1, v2), "ha3_backward")
     q, k1, k2, v1, v2, out, dout = (t.contiguous() for t in (q, k1, k2, v1, v2, out, dout))
@@ -910,7 +880,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
-    dp, _, cq, cf, ca, cb = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q), split)
+    dp, _, cq, cf, ca, cb = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q))
     fused = _fused(cf, Tq, Tk, offset, causal, wa)
     prec, emu = _modes(q.dtype)
     common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu)
@@ -921,12 +891,10 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
         for h in _head_chunks(N):
             ins = (q[h], ka[h], kb[h], va[h], vb[h], dout[h], lse[h], delta[h])
             if fused:
-                for part in cf['PARTS']:
-                    _ha3_bwd_dqa_kernel[(triton.cdiv(Tq, cf['NG'] * cf['G']), h.stop - h.start)](
-                        *ins, dq[h], planes[0][:, h], planes[1][:, h], Tq, Tk, offset, wa, wb, qk_scale,
-                        float(scale), planes.stride(1), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu, INTERP=_INTERPRET,
-                        PART=part,
-                        **_launch(cf, part))
+                _ha3_bwd_dqa_kernel[(triton.cdiv(Tq, cf['NG'] * cf['G']), h.stop - h.start)](
+                    *ins, dq[h], planes[0][:, h], planes[1][:, h], Tq, Tk, offset, wa, wb, qk_scale,
+                    float(scale), planes.stride(1), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu,
+                    **_launch(cf, 0))
             else:
                 _ha3_bwd_dq_kernel[(triton.cdiv(Tq, cq['G']), h.stop - h.start)](
                     *ins, dq[h], Tq, Tk, offset, wa, wb, qk_scale, float(scale), **common, **cq)
@@ -951,20 +919,16 @@ _INTERPRET = not isinstance(_ha3_fwd_kernel, triton.runtime.JITFunction)
 # -----------------------------------------------------------------------------
 # what tools/compile_check.py compiles and counts
 
-def plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, override=None, arch=90, causal=True, split=None):
-    split = default_split(dtype) if split is None else split
-    dp, fwd, dq, dqa, da, db = _configs(Tq, Tk, dh, wa, wb, override, dtype, arch, split)
-    return dict(dp=dp, fwd=fwd, dq=dq, dqa=dqa, da=da, db=db, fused=_fused(dqa, Tq, Tk, 0, causal, wa),
-                span_b=min(wb, Tk))
+def plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, override=None, arch=90, causal=True):
+    dp, fwd, dq, dqa, da, db = _configs(Tq, Tk, dh, wa, wb, override, dtype, arch)
+    return dict(dp=dp, fwd=fwd, dq=dq, dqa=dqa, da=da, db=db, fused=_fused(dqa, Tq, Tk, 0, causal, wa))
 
 
 def kernels_of(p, dtype):
     """(name, kernel, configuration) of the forward and the backward kernels the plan runs."""
     yield 'ha_fwd', _ha3_fwd_kernel, dict(p['fwd'], KEEP32=dtype != torch.float32)  # SPLIT: compile_check
     if p['fused']:
-        for part in p['dqa']['PARTS']:
-            yield (('ha_bwd_dqa', 'ha_bwd_dqka', 'ha_bwd_dqva')[part], _ha3_bwd_dqa_kernel,
-                   dict(_launch(p['dqa'], part), PART=part))
+        yield 'ha_bwd_dqa', _ha3_bwd_dqa_kernel, _launch(p['dqa'], 0)
     else:
         yield 'ha_bwd_dq', _ha3_bwd_dq_kernel, p['dq']
         for part in p['da']['PARTS']:
@@ -984,10 +948,6 @@ def step_shape(name, c, split):
         return c['G'] * c['BA'], c['BB'], 3, 1
     if name == 'ha_bwd_dqa':  # logits, dP, Gk, Gv: dq's and slot a's
         return c['G'] * c['BA'], c['BB'], 4, 3
-    if name == 'ha_bwd_dqka':  # logits, dP, Gk
-        return c['G'] * c['BA'], c['BB'], 3, 2
-    if name == 'ha_bwd_dqva':  # logits, Gv
-        return c['G'] * c['BA'], c['BB'], 2, 1
     if name == 'ha_bwd_da':  # logits, dP, Gk, Gv = P vb
         return c['JA'] * c['BU'], c['BB'], 4, 2
     if name == 'ha_bwd_dka':  # logits, dP, Gk
@@ -999,10 +959,3 @@ def step_shape(name, c, split):
     if name == 'ha_bwd_dvb':  # logits^T, dvb = P^T B
         return c['BB'], c['G'] * c['BA'], 2, 0
     return c['BB'], c['G'] * c['BA'], 4, 1  # logits^T, dP^T, dkb = dS^T A, dvb = P^T B
-
-
-def epilogue_flops(name, c):
-    """Tensor FLOPs the fused kernel spends once per query group, outside its column sweep:
-    the one-hot matmuls that sum its lanes into a keys (hi and lo: two per gradient)."""
-    grads = {'ha_bwd_dqa': 2, 'ha_bwd_dqka': 1, 'ha_bwd_dqva': 1}.get(name, 0)
-    return grads * 2 * 2 * c['KR'] * c['G'] * c['BA'] * c['DP'] if grads else 0
