@@ -83,26 +83,21 @@ def _pos(i, offset, Tk, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _gather(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr):
-    """Rows `rows` of a row-major (T, DH) matrix as an (M, DP) float32 block; rows where ok
-    is False and the padding columns d >= DH read as 0."""
-    ptr = base + rows[:, None] * DH + d[None, :]
-    if DH == DP:
-        x = tl.load(ptr, mask=ok[:, None], other=0.0)
-    else:
-        x = tl.load(ptr, mask=ok[:, None] & (d[None, :] < DH), other=0.0)
-    return x.to(tl.float32)
-
-
-@triton.jit
 def _rows(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr):
-    """_gather in the input dtype (half the registers of float32 for bf16/fp16)."""
+    """Rows `rows` of a row-major (T, DH) matrix as an (M, DP) block in its own dtype; rows
+    where ok is False and the padding columns d >= DH read as 0."""
     ptr = base + rows[:, None] * DH + d[None, :]
     if DH == DP:
         x = tl.load(ptr, mask=ok[:, None], other=0.0)
     else:
         x = tl.load(ptr, mask=ok[:, None] & (d[None, :] < DH), other=0.0)
     return x
+
+
+@triton.jit
+def _gather(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr):
+    """_rows in float32."""
+    return _rows(base, rows, ok, d, DH, DP).to(tl.float32)
 
 
 @triton.jit
