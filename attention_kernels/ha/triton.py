@@ -288,6 +288,14 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
 # backward
 
 @triton.jit
+def _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH: tl.constexpr):
+    """The backward kernels' inputs moved to head n: query rows (Tq, DH), key rows (Tk, DH)
+    and per-query statistics (Tq,)."""
+    return (Q + n * Tq * DH, KA + n * Tk * DH, KB + n * Tk * DH, VA + n * Tk * DH, VB + n * Tk * DH,
+            DO + n * Tq * DH, LSE + n * Tq, DELTA + n * Tq)
+
+
+@triton.jit
 def _lane_stats(LSE, DELTA, i_r, ok):
     """Per-lane base-2 logsumexp (+inf where the lane is not a visible pair or its query
     sees nothing, so that its probabilities are exactly 0) and D = dO . out."""
@@ -353,15 +361,8 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
     i0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * G
-    Q += n * Tq * DH
-    DO += n * Tq * DH
+    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
     DQ += n * Tq * DH
-    LSE += n * Tq
-    DELTA += n * Tq
-    KA += n * Tk * DH
-    KB += n * Tk * DH
-    VA += n * Tk * DH
-    VB += n * Tk * DH
     dt = Q.dtype.element_ty
 
     d = tl.arange(0, DP)
@@ -401,14 +402,7 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
     R: tl.constexpr = JA * BU
     n = tl.program_id(1).to(tl.int64)
     ja0 = tl.program_id(0) * JA
-    Q += n * Tq * DH
-    DO += n * Tq * DH
-    LSE += n * Tq
-    DELTA += n * Tq
-    KA += n * Tk * DH
-    KB += n * Tk * DH
-    VA += n * Tk * DH
-    VB += n * Tk * DH
+    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
     DKA += n * Tk * DH
     DVA += n * Tk * DH
     dt = Q.dtype.element_ty
@@ -484,15 +478,8 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
     n = tl.program_id(1).to(tl.int64)
     prog = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest causal rows first
     plane = (prog % 2).to(tl.int64)
-    Q += n * Tq * DH
-    DO += n * Tq * DH
+    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
     DQ += n * Tq * DH
-    LSE += n * Tq
-    DELTA += n * Tq
-    KA += n * Tk * DH
-    KB += n * Tk * DH
-    VA += n * Tk * DH
-    VB += n * Tk * DH
     PK += plane * plane_stride + n * Tk * DH
     PV += plane * plane_stride + n * Tk * DH
     dt = Q.dtype.element_ty
@@ -575,14 +562,7 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
     """PART 0: dkb and dvb; 1: dkb only; 2: dvb only (as the slot-a kernel)."""
     n = tl.program_id(1).to(tl.int64)
     c0 = tl.program_id(0) * BB
-    Q += n * Tq * DH
-    DO += n * Tq * DH
-    LSE += n * Tq
-    DELTA += n * Tq
-    KA += n * Tk * DH
-    KB += n * Tk * DH
-    VA += n * Tk * DH
-    VB += n * Tk * DH
+    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
     DKB += n * Tk * DH
     DVB += n * Tk * DH
     dt = Q.dtype.element_ty
