@@ -149,10 +149,10 @@ def test_ha_compiles_for_hopper_and_ampere_without_spills(tmp_path):
     assert {x['kernel'] for x in ha} == {'ha_fwd', 'ha_bwd_dqa', 'ha_bwd_db'}
     assert sorted(x['arch'] for x in ha) == [80] * 3 + [90] * 3
     assert all(x['spill'] == 0 and x['smem'] <= x['smem_limit'] for x in recs)
-    split = attention_kernels._modules['ha'].default_split(torch.bfloat16)
-    extra = {'ha_fwd': min(split, 1), 'ha_bwd_dqa': split, 'ha_bwd_db': split}
+    ha_triton = attention_kernels._modules['ha']
+    split = ha_triton.default_split(torch.bfloat16)
     for x in ha:
-        assert abs(x['mma_per_step'] - (x['formula'] + extra[x['kernel']])) < 1e-9, x
+        assert abs(x['mma_per_step'] - (x['formula'] + ha_triton.split_matmuls(x['kernel'], split))) < 1e-9, x
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason="the triton wheel's ptxas runs on Linux")

@@ -109,10 +109,11 @@ def inputs(N, Tq, Tk, dh, shared, dtype, device, gen, amplitude=1.0):
     return [to(t) for t in (q, k1, k2, v1, v2)], dout.to(device=device, dtype=dtype)
 
 
-def run_kernels(m, ins, dout, geo, config=None):
+def run_kernels(m, ins, dout, geo, config=None, split=None):
     """As the custom op runs them: backward takes the forward's float32 output (bf16/fp16)."""
-    out, lse, out32 = m.ha3_forward(*ins, *geo, config=config, return_fp32=True)
-    grads = m.ha3_backward(*ins, out if out32 is None else out32, lse, dout, *geo, config=config)
+    out, lse, out32 = m.ha3_forward(*ins, *geo, config=config, return_fp32=True, split_products=split)
+    grads = m.ha3_backward(*ins, out if out32 is None else out32, lse, dout, *geo, config=config,
+                           split_products=split)
     return out, lse, grads
 
 
@@ -178,8 +179,8 @@ def test_fp32_small_blocks(tha, Tq, Tk, offset, w1, w2):
 
 def test_fused_backward_where_it_applies():
     """The fused dq + slot-a kernel takes causal attention whose narrow window fits one lane
-    tile (the GPU configs' windows (512, 32)); full causal at long T, non-causal, queries
-    past the last key and head size 128 keep dq and slot a apart."""
+    tile (the GPU configs' windows (512, 32)), at head sizes up to 128; full causal at long
+    T, non-causal, queries past the last key and head size 256 keep dq and slot a apart."""
     from attention_kernels.ha import triton as ha
 
     def fused(T, dh, w1, w2, causal=True, offset=0, Tk=None):
@@ -192,7 +193,7 @@ def test_fused_backward_where_it_applies():
     assert not fused(4096, 64, 0, 0) and not fused(4096, 64, 512, 128)
     assert not fused(64, 16, 0, 0, causal=False)
     assert not fused(17, 16, 0, 0, offset=5, Tk=17)  # queries past the last key
-    assert not fused(4096, 128, 512, 32)
+    assert fused(4096, 128, 512, 32) and not fused(4096, 256, 512, 32)
 
 
 def test_fused_backward_owns_each_key_in_two_parities():
@@ -206,10 +207,10 @@ def test_fused_backward_owns_each_key_in_two_parities():
         assert c['FUSE'] and c['NG'] * c['G'] >= c['BA'] - 1, (T, dh, c)
 
 
-@pytest.mark.parametrize('dh,w1,w2', [(64, 16, 8), (48, 0, 20)])
+@pytest.mark.parametrize('dh,w1,w2', [(64, 16, 8), (48, 0, 20), (100, 12, 0)])
 def test_fused_backward_bf16_within_twice_sdpa(tha, dh, w1, w2):
-    """The fused kernel at head sizes 33-64 (its own tiles) with the default split products:
-    bf16 within 2x SDPA's error."""
+    """The fused kernel at head sizes 33-64 and 65-128 (their own tiles) with the default
+    split products: bf16 within 2x SDPA's error."""
     m, dev = tha
     check_bf16_against_sdpa(m, dev, 2, 48, dh, w1, w2, False, torch.Generator().manual_seed(dh + w2))
 
@@ -286,11 +287,11 @@ def sdpa_bf16_errors(N, T, dh, device, gen):
     return [rel_rmse(a, b) for a, b in zip(run(torch.bfloat16), run(torch.float64))]
 
 
-def check_bf16_against_sdpa(m, dev, N, T, dh, w1, w2, shared, gen, ref_fn=None):
+def check_bf16_against_sdpa(m, dev, N, T, dh, w1, w2, shared, gen, ref_fn=None, split=None):
     sd_out, sd_dq, sd_dk, sd_dv = sdpa_bf16_errors(N, T, dh, dev, gen)
     ins, dout = inputs(N, T, T, dh, shared, torch.bfloat16, dev, gen)
     geo = (0, True, w1, w2, dh ** -0.5)
-    out, lse, grads = run_kernels(m, ins, dout, geo)
+    out, lse, grads = run_kernels(m, ins, dout, geo, split=split)
     ref_out, ref_lse, ref_grads = (ref_fn or reference_grads)(ins, dout, *geo)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert all(g.dtype == torch.bfloat16 for g in grads)
@@ -309,8 +310,41 @@ def check_bf16_against_sdpa(m, dev, N, T, dh, w1, w2, shared, gen, ref_fn=None):
 
 @pytest.mark.parametrize('T,dh,w1,w2,shared', [(64, 32, 0, 0, False), (64, 16, 16, 8, True), (40, 24, 0, 5, False)])
 def test_bf16_error_within_twice_sdpa(tha, T, dh, w1, w2, shared):
+    """The default for bf16: the lane products in scaled float16 (split 'fp16')."""
     m, dev = tha
     check_bf16_against_sdpa(m, dev, 2, T, dh, w1, w2, shared, torch.Generator().manual_seed(T + dh))
+
+
+def test_bf16_split_hi_lo_within_twice_sdpa(tha):
+    """Split 'both' (the lane products as hi + lo bf16 pairs; fp16 inputs' default)."""
+    m, dev = tha
+    check_bf16_against_sdpa(m, dev, 2, 64, 16, 16, 8, True, torch.Generator().manual_seed(80), split='both')
+
+
+def test_fp16_products_follow_power_of_two_scalings(tha):
+    """Split 'fp16' scales its float16 operands by powers of two, per head and per query
+    row. So q 2^-16 with k2 2^16 (k2 beyond float16's range) and v1 2^-16 with v2 2^16
+    leave the output and lse unchanged bit for bit, and dO 2^-40 (below float16's range)
+    scales each gradient by the chain rule's power of two (within bf16 rounding of lse)."""
+    m, dev = tha
+    gen = torch.Generator().manual_seed(12)
+    ins, dout = inputs(1, 24, 24, 16, False, torch.bfloat16, dev, gen)
+    geo = (0, True, 0, 0, 0.25)  # full causal: slot b (the wider) is slot 2
+    out, lse, grads = run_kernels(m, ins, dout, geo)
+    q, k1, k2, v1, v2 = ins
+    big = [q * 2.0 ** -16, k1, k2 * 2.0 ** 16, v1 * 2.0 ** -16, v2 * 2.0 ** 16]
+    out2, lse2, grads2 = run_kernels(m, big, dout * 2.0 ** -40, geo)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    for g, g2, e in zip(grads, grads2, (16, 0, -16, 16, -16)):
+        assert torch.isfinite(g2).all()
+        assert rel_rmse(g2.double() * 2.0 ** (40 - e), g) < 1e-3
+
+
+def test_fp16_products_are_for_bf16(tha):
+    m, dev = tha
+    x = torch.zeros(1, 4, 16, dtype=torch.float16, device=dev)
+    with pytest.raises(ValueError, match="'fp16' is for bfloat16"):
+        m.ha3_forward(x, x, x, x, x, 0, True, 0, 0, 0.25, split_products='fp16')
 
 
 # -----------------------------------------------------------------------------

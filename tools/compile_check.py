@@ -56,6 +56,7 @@ DTYPES = {v: k for k, v in TT.items()}
 FP32_POINTERS = {'LSE', 'DELTA', 'O32', 'S', 'R'}  # S, R: the chunked linear kernel's states
 FLOAT_SCALARS = {'scale', 'qk_scale'}
 FP32_POINTERS |= {'PK', 'PV'}  # HA's fused backward: slot a's float32 partial sums
+FP32_POINTERS |= {'W', 'SC'}  # HA's split 'fp16': per-row and per-head scales
 SMEM_LIMIT = {90: 232448, 80: 166912}
 # Hopper (H100 SXM): 132 SMs, 989 TFLOP/s dense bf16 at 1.83 GHz = 4096 FLOP per SM per
 # cycle; 4 schedulers per SM issue one warp instruction a cycle each; MUFU (exp2) 16 lanes
@@ -90,6 +91,8 @@ def signature(fn, dtype, constexprs):
             sig[name] = 'constexpr'
         elif name.isupper():
             sig[name] = '*fp32' if name in FP32_POINTERS else f'*{TT[dtype]}'
+            if constexprs.get('SPLIT') == 3 and (name == 'KB' or name == 'VB' and 'O32' not in fn.arg_names):
+                sig[name] = '*fp16'  # HA's split 'fp16': kb (and, in the backward, vb) in float16
         elif name in FLOAT_SCALARS:
             sig[name] = 'fp32'
         else:
@@ -246,7 +249,7 @@ def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
             if 'CAUSAL' in fn.arg_names:
                 cx['CAUSAL'] = causal
             if 'SPLIT' in fn.arg_names:
-                cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' else split
+                cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' and split != 3 else split
             yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note)
 
 

@@ -46,14 +46,20 @@ planes hold, and head size 128 and up, where the fused kernel spilled. From head
 each slot's dk and dv are two launches (one accumulator each fits the registers).
 Statistics, accumulators and gradient sums are float32 whatever the input dtype; matmul
 inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane row is a
-product of two inputs, which the input dtype rounds to half its digits; split_products
-('logits', 'both') feeds it to the logit (and dP) matmuls as hi + lo, two matmuls each,
-in the forward and the backward alike (they must agree: P = exp(logit - lse)). Default
-'both' (DEFAULT_SPLIT; 'none' missed 2x SDPA's bf16 error): errors in docs/performance.md.
+product of two inputs, which the input dtype rounds to half its digits (bf16 keeps 8 bits
+of the product's 16); larger logits turn that into a larger error of exp. split_products
+says how the lane products enter the logit (and dP) matmuls, in the forward and the
+backward alike (they must agree: P = exp(logit - lse)): 'none' rounded to the input
+dtype; 'logits', 'both' as hi + lo, two matmuls each; 'fp16' (bf16 inputs) in float16,
+11 bits in one matmul, every float16 operand scaled by a power of two per head (keys,
+values, lanes) or per query row (dO) into float16's range, on the device (_f16_scales,
+_f16_rows), and the matmuls that sum over lanes or columns in scaled units, taken back
+exactly after. Defaults (default_split): bf16 'fp16', fp16 'both' ('none' missed 2x
+SDPA's bf16 error at logits of size 3); errors in docs/performance.md.
 
-Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2 (3 split);
-backward 3 (dq) + 4 (slot a) + 4 (slot b) = 11 without the split, 17 with 'both'; fused,
-4 (dq and slot a) + 4 = 8 without the split, 6 + 6 = 12 with 'both'; one warp group (4 warps)
+Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2 (3 with
+hi + lo); backward 3 (dq) + 4 (slot a) + 4 (slot b) = 11 with 'none' or 'fp16', 17 with
+'both'; fused, 4 (dq and slot a) + 4 = 8, 6 + 6 = 12 with 'both'; one warp group (4 warps)
 per 64 tile rows, so no tile is computed twice (tools/compile_check.py counts them in the
 compiled code), except where TILES says otherwise (head size 128).
 """
@@ -105,7 +111,7 @@ def _lowp(x, dt: tl.constexpr, EMU: tl.constexpr):
     """float32 x rounded to the matmul input dtype dt. EMU (bf16 under Triton's CPU
     interpreter, whose bf16 casts truncate and whose bf16 dots multiply the raw bits):
     float32 holding x rounded to nearest-even bf16, which the GPU computes natively."""
-    if EMU:
+    if EMU and dt == tl.bfloat16:
         b = x.to(tl.uint32, bitcast=True)
         b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
         y = b.to(tl.float32, bitcast=True)
@@ -115,14 +121,20 @@ def _lowp(x, dt: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
-def _split(x, dt: tl.constexpr, EMU: tl.constexpr, ON: tl.constexpr):
+def _split(x, dt: tl.constexpr, EMU: tl.constexpr, ON: tl.constexpr, F16: tl.constexpr = False):
     """float32 x as hi + lo in the matmul dtype: a product of two bf16 (or fp16) numbers is
     then held almost exactly, where hi alone would round it to 8 (11) bits. ON False: lo is
-    hi and unused (the dots then take hi alone)."""
-    hi = _lowp(x, dt, EMU)
-    lo = hi
-    if ON:
-        lo = _lowp(x - hi.to(tl.float32), dt, EMU)
+    hi and unused (the dots then take hi alone). F16 (SPLIT 3): hi is x in float16 (11
+    bits; the caller has scaled x into its range) for the logit and dP matmuls, lo is x
+    in dt for the matmuls that sum over lanes (slot b's dk and dv)."""
+    if F16:
+        hi = _lowp(x, tl.float16, EMU)
+        lo = _lowp(x, dt, EMU)
+    else:
+        hi = _lowp(x, dt, EMU)
+        lo = hi
+        if ON:
+            lo = _lowp(x - hi.to(tl.float32), dt, EMU)
     return hi, lo
 
 
@@ -163,7 +175,7 @@ def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.
             x = tl.load(ptr)
         else:
             x = tl.load(ptr, mask=d[None, :] < DH, other=0.0)
-    if EMU:
+    if EMU and base.dtype.element_ty == tl.bfloat16:
         x = x.to(tl.float32)
     return x
 
@@ -190,33 +202,52 @@ def _visible(j, p_r, Wb):
     return (j[None, :] <= p_r[:, None]) & (p_r[:, None] - j[None, :] < Wb)
 
 
+@triton.jit
+def _head_scales(SC, n, qk_scale, SPLIT: tl.constexpr):
+    """(lane scale, logit unscale u, Gk unscale, slot b's dv unscale) of head n. SPLIT 3
+    (float16 products): from SC, see _f16_scales; else qk_scale and ones, constants the
+    compiler folds away."""
+    if SPLIT == 3:
+        s_lane = tl.load(SC + n * 4)
+        u = tl.load(SC + n * 4 + 1)
+        gk = tl.load(SC + n * 4 + 2)
+        dvb = tl.load(SC + n * 4 + 3)
+    else:
+        s_lane = qk_scale
+        u = 1.0
+        gk = 1.0
+        dvb = 1.0
+    return s_lane, u, gk, dvb
+
+
 # -----------------------------------------------------------------------------
 # forward
 
 @triton.jit
-def _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, j0, j1, Wb, d,
+def _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, j0, j1, Wb, d, u,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr,
                MASKED: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, SPLIT: tl.constexpr):
-    """Online softmax of the lanes A (R, DP) over b keys [j0, j1) (base-2 logits)."""
+    """Online softmax of the lanes A (R, DP) over b keys [j0, j1); the base-2 logits are
+    u times the matmul's (m in the matmul's units; u is 1.0 but for SPLIT 3)."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
         kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
         vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
-        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT >= 1, PREC)
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT == 1 or SPLIT == 2, PREC)
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
         m_new = tl.maximum(m, tl.max(S, 1))
         m_use = tl.where(m_new == float('-inf'), 0.0, m_new)  # lanes that saw nothing yet
-        P = tl.math.exp2(S - m_use[:, None])
-        alpha = tl.math.exp2(m - m_use)
+        P = tl.math.exp2(S * u - (m_use * u)[:, None])
+        alpha = tl.math.exp2((m - m_use) * u)
         l = l * alpha + tl.sum(P, 1)
-        acc = tl.dot(_lowp(P, KB.dtype.element_ty, EMU), vb, acc * alpha[:, None], input_precision=PREC)
+        acc = tl.dot(_lowp(P, VB.dtype.element_ty, EMU), vb, acc * alpha[:, None], input_precision=PREC)
         m = m_new
     return m, l, acc
 
 
 @triton.jit
-def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
+def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE, SC,
                     Tq, Tk, offset, Wa, Wb, qk_scale,
                     CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                     G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr,
@@ -233,6 +264,7 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
     VA += n * Tk * DH
     VB += n * Tk * DH
     dt = Q.dtype.element_ty
+    s_lane, u, _, _ = _head_scales(SC, n, qk_scale, SPLIT)
 
     d = tl.arange(0, DP)
     r = tl.arange(0, R)
@@ -253,21 +285,22 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, EMU,
+                         SPLIT == 1, SPLIT == 3)
         m = tl.full((R,), float('-inf'), tl.float32)
         l = tl.zeros((R,), tl.float32)
         acc = tl.zeros((R, DP), tl.float32)
-        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PREC, EMU, SPLIT)
-        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PREC, EMU, SPLIT)
-        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PREC, EMU, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, u, DH, DP, BB, True, PREC, EMU, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, u, DH, DP, BB, False, PREC, EMU, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, u, DH, DP, BB, True, PREC, EMU, SPLIT)
         # merge the lanes of each query: lane r holds sum_jb exp2(s - m_r) vb, times va
         m = tl.where(ok, m, float('-inf'))
         c = acc * _gather(VA, ja, ok, d, DH, DP)
         m3 = tl.reshape(m, (G, BA))
         M_new = tl.maximum(M, tl.max(m3, 1))
         M_use = tl.where(M_new == float('-inf'), 0.0, M_new)
-        w = tl.math.exp2(m3 - M_use[:, None])
-        alpha = tl.math.exp2(M - M_use)
+        w = tl.math.exp2((m3 - M_use[:, None]) * u)
+        alpha = tl.math.exp2((M - M_use) * u)
         L = L * alpha + tl.sum(tl.reshape(l, (G, BA)) * w, 1)
         Oacc = Oacc * alpha[:, None] + tl.sum(tl.reshape(c, (G, BA, DP)) * w[:, :, None], 1)
         M = M_new
@@ -276,7 +309,7 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
     seen = L > 0
     L_div = tl.where(seen, L, 1.0)
     out = tl.where(seen[:, None], Oacc / L_div[:, None], 0.0)
-    lse = tl.where(seen, (M + tl.log2(L_div)) * 0.6931471805599453, float('-inf'))
+    lse = tl.where(seen, (M * u + tl.log2(L_div)) * 0.6931471805599453, float('-inf'))
     o_mask = (gi < Tq)[:, None] & (d[None, :] < DH)
     tl.store(O + gi[:, None] * DH + d[None, :], _lowp(out, dt, EMU).to(dt), mask=o_mask)
     if KEEP32:  # for backward's D_i = dO_i . out_i (the rounded output adds gradient error)
@@ -288,11 +321,11 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE,
 # backward
 
 @triton.jit
-def _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH: tl.constexpr):
+def _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, W, DH: tl.constexpr):
     """The backward kernels' inputs moved to head n: query rows (Tq, DH), key rows (Tk, DH)
     and per-query statistics (Tq,)."""
     return (Q + n * Tq * DH, KA + n * Tk * DH, KB + n * Tk * DH, VA + n * Tk * DH, VB + n * Tk * DH,
-            DO + n * Tq * DH, LSE + n * Tq, DELTA + n * Tq)
+            DO + n * Tq * DH, LSE + n * Tq, DELTA + n * Tq, W + n * Tq)
 
 
 @triton.jit
@@ -306,7 +339,7 @@ def _lane_stats(LSE, DELTA, i_r, ok):
 
 
 @triton.jit
-def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d,
+def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d, u,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, MASKED: tl.constexpr,
                PART: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """Over b keys [j0, j1), per lane: Gk += dS @ kb (PART 0, 1) and Gv += P @ vb (PART 0, 2;
@@ -315,45 +348,53 @@ def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb,
         j = s + tl.arange(0, BB)
         kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
         vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
-        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT >= 1, PREC)
-        S = S - lse2[:, None]
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT == 1 or SPLIT == 2, PREC)
+        S = S * u - lse2[:, None]
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
         P = tl.math.exp2(S)
         if PART != 2:
-            dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT >= 2, PREC)
+            dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT == 2, PREC)
             dS = P * (dP - delta[:, None])
             Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
         if PART == 0 or PART == 2:
-            Gv = tl.dot(_lowp(P, KB.dtype.element_ty, EMU), vb, Gv, input_precision=PREC)
+            Gv = tl.dot(_lowp(P, VB.dtype.element_ty, EMU), vb, Gv, input_precision=PREC)
     return Gk, Gv
 
 
 @triton.jit
-def _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
+def _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
                 R: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, PART: tl.constexpr,
                 SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
     """Per lane (i_r, ja) at positions p_r in [p_min, p_max], over every b key it sees:
     (Gk, Gv) = (dS @ kb, P @ vb) as _bwd_sweep's PART asks (Gv is Gk, unused, when PART
-    asks for Gk alone)."""
+    asks for Gk alone). SPLIT 3: the sweep's sums are in float16's scaled units (dS / w,
+    kb / 2^e_kb, vb / 2^e_vb, dO c with w = 2^e_vb / c: see _f16_rows), taken back here."""
     dt = Q.dtype.element_ty
+    s_lane, u, gk, _ = _head_scales(SC, n, qk_scale, SPLIT)
     lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
-    A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+    A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, EMU,
+                     SPLIT == 1 or SPLIT == 2, SPLIT == 3)
     Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
-                       SPLIT >= 2 and PART != 2)
+                       SPLIT == 2 and PART != 2, SPLIT == 3)
     lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
     Gk = tl.zeros((R, DP), tl.float32)
     Gv = Gk  # carried unchanged (never a second accumulator) when only Gk is asked for
     if PART == 0 or PART == 2:
         Gv = tl.zeros((R, DP), tl.float32)
-    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
-    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
-    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, u, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, u, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, u, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+    if SPLIT == 3:
+        w = tl.load(W + i_r, mask=ok, other=1.0)
+        Gk = Gk * (w * gk)[:, None]
+        if PART == 0 or PART == 2:
+            Gv = Gv * w[:, None]
     return Gk, Gv
 
 
 @triton.jit
-def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
+def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
@@ -361,7 +402,7 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
     i0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * G
-    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
+    Q, KA, KB, VA, VB, DO, LSE, DELTA, W = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, W, DH)
     DQ += n * Tq * DH
     dt = Q.dtype.element_ty
 
@@ -381,7 +422,7 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        Gk, _ = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
+        Gk, _ = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
                             R, DH, DP, BB, 3, SPLIT, PREC, EMU)
         # re-read rather than hold ka through the sweeps (registers)
         dq += tl.sum(tl.reshape(_gather(KA, ja, ok, d, DH, DP) * Gk, (G, BA, DP)), 1)
@@ -392,7 +433,7 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ,
 
 
 @triton.jit
-def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
+def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKA, DVA,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        JA: tl.constexpr, BU: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
@@ -402,7 +443,7 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
     R: tl.constexpr = JA * BU
     n = tl.program_id(1).to(tl.int64)
     ja0 = tl.program_id(0) * JA
-    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
+    Q, KA, KB, VA, VB, DO, LSE, DELTA, W = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, W, DH)
     DKA += n * Tk * DH
     DVA += n * Tk * DH
     dt = Q.dtype.element_ty
@@ -433,7 +474,7 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKA, DVA,
             p_max = Tk - 1
         ok = (ja_r < Tk) & (i_r >= 0) & (i_r < Tq) & (up < Wa)
         p_r = _pos(i_r, offset, Tk, CAUSAL)
-        Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja_r, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
+        Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja_r, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
                              R, DH, DP, BB, PART, SPLIT, PREC, EMU)
         if PART != 2:
             dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
@@ -461,7 +502,7 @@ def _add_lanes(base, ja, ok, C, g_r, d, G: tl.constexpr, DH: tl.constexpr):
 
 
 @triton.jit
-def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
+def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ, PK, PV,
                         Tq, Tk, offset, Wa, Wb, qk_scale, scale, plane_stride,
                         DH: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, BA: tl.constexpr,
                         BB: tl.constexpr, NG: tl.constexpr, SPLIT: tl.constexpr,
@@ -478,7 +519,7 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
     n = tl.program_id(1).to(tl.int64)
     prog = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest causal rows first
     plane = (prog % 2).to(tl.int64)
-    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
+    Q, KA, KB, VA, VB, DO, LSE, DELTA, W = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, W, DH)
     DQ += n * Tq * DH
     PK += plane * plane_stride + n * Tk * DH
     PV += plane * plane_stride + n * Tk * DH
@@ -499,7 +540,7 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
+        Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
                              R, DH, DP, BB, 0, SPLIT, PREC, EMU)
         # re-read rather than hold ka, q and dO through the sweeps (registers)
         dq = tl.sum(tl.reshape(_rows(KA, ja, ok, d, DH, DP).to(tl.float32) * Gk, (G, BA, DP)), 1)
@@ -512,12 +553,14 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DQ, PK, PV,
 
 @triton.jit
 def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
-               Tk, offset, Wa, Wb, qk_scale, d,
+               Tk, offset, Wa, Wb, s_lane, u, d,
                CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                G: tl.constexpr, BA: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
                PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
     """Accumulate into the b-key block j the lane tiles of queries [i_start, i_end):
-    dk (PART 0, 1) and dv (PART 0, 2; needs no dP)."""
+    dk (PART 0, 1) and dv (PART 0, 2; needs no dP). SPLIT 3: kb, vb and the lanes' hi are
+    float16 in scaled units, LSE carries w (P here is P w: see _f16_rows), and dk, dv sum
+    over the lanes' lo (the products in dt)."""
     R: tl.constexpr = G * BA
     dt = KA.dtype.element_ty
     r = tl.arange(0, R)
@@ -535,26 +578,32 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
             tp = tb + t_r
             ja = p_r - tp
             ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-            A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * qk_scale * _gather(KA, ja, ok, d, DH, DP), dt, EMU, SPLIT >= 1)
+            A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, EMU,
+                             SPLIT == 1 or SPLIT == 2, SPLIT == 3)
             Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
-                               SPLIT >= 2 and PART != 2)
+                               SPLIT == 2 and PART != 2, SPLIT == 3)
             lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-            ST = _pair_dot_t(kb, A, A_lo, SPLIT >= 1, PREC)  # (BB, R)
-            ST = ST - lse2[None, :]
+            ST = _pair_dot_t(kb, A, A_lo, SPLIT == 1 or SPLIT == 2, PREC)  # (BB, R)
+            ST = ST * u - lse2[None, :]
             if MASKED:
                 ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
             PT = tl.math.exp2(ST)
+            if SPLIT == 3:  # the sums over lanes take the products in dt
+                A = A_lo
+                Bm_sum = Bm_lo
+            else:
+                Bm_sum = Bm
             if PART != 2:
-                dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT >= 2, PREC)
+                dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT == 2, PREC)
                 dST = PT * (dPT - delta[None, :])
                 dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
             if PART != 1:
-                dv = tl.dot(_lowp(PT, dt, EMU), Bm, dv, input_precision=PREC)
+                dv = tl.dot(_lowp(PT, dt, EMU), Bm_sum, dv, input_precision=PREC)
     return dk, dv
 
 
 @triton.jit
-def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
+def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKB, DVB,
                        Tq, Tk, offset, Wa, Wb, qk_scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
@@ -562,7 +611,8 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
     """PART 0: dkb and dvb; 1: dkb only; 2: dvb only (as the slot-a kernel)."""
     n = tl.program_id(1).to(tl.int64)
     c0 = tl.program_id(0) * BB
-    Q, KA, KB, VA, VB, DO, LSE, DELTA = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, DH)
+    s_lane, u, _, dvb = _head_scales(SC, n, qk_scale, SPLIT)
+    Q, KA, KB, VA, VB, DO, LSE, DELTA, W = _head_inputs(n, Tq, Tk, Q, KA, KB, VA, VB, DO, LSE, DELTA, W, DH)
     DKB += n * Tk * DH
     DVB += n * Tk * DH
     dt = Q.dtype.element_ty
@@ -589,17 +639,21 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, DKB, DVB,
     if PART != 1:
         dv = tl.zeros((BB, DP), tl.float32)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_lo, mid_lo,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
+                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_lo, mid_hi,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, False, SPLIT, PREC, EMU, PART)
+                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, False, SPLIT, PREC, EMU, PART)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_hi, i_hi,
-                        Tk, offset, Wa, Wb, qk_scale, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
+                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
     mask = (j < Tk)[:, None] & (d[None, :] < DH)
-    # the lanes carry scale * log2(e): dkb = scale * dS^T @ (q * ka) = ln(2) * dS^T @ A
+    # the lanes carry s_lane (scale * log2(e) but for SPLIT 3): dkb = scale * dS^T @ (q * ka)
+    # = (qk_scale ln(2) / s_lane) * dS^T @ A
+    k_scale = 0.6931471805599453
+    if SPLIT == 3:
+        k_scale = qk_scale * 0.6931471805599453 / s_lane
     if PART != 2:
-        tl.store(DKB + j[:, None] * DH + d[None, :], _lowp(dk * 0.6931471805599453, dt, EMU).to(dt), mask=mask)
+        tl.store(DKB + j[:, None] * DH + d[None, :], _lowp(dk * k_scale, dt, EMU).to(dt), mask=mask)
     if PART != 1:
-        tl.store(DVB + j[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
+        tl.store(DVB + j[:, None] * DH + d[None, :], _lowp(dv * dvb, dt, EMU).to(dt), mask=mask)
 
 
 # -----------------------------------------------------------------------------
@@ -642,16 +696,19 @@ def _modes(dtype):
     return ('ieee' if dtype == torch.float32 or emu else 'tf32'), emu
 
 
-SPLITS = {'none': 0, 'logits': 1, 'both': 2}
+SPLITS = {'none': 0, 'logits': 1, 'both': 2, 'fp16': 3}
 
 
 def default_split(dtype):
-    """How the lane products enter the backward's matmuls (see ha3_backward): 0 = rounded to
-    the input dtype, 1 = the logits' operand as hi + lo, 2 = the logits' and dP's. fp32: 0."""
-    return 0 if dtype == torch.float32 else SPLITS[DEFAULT_SPLIT]
+    """How the lane products enter the logit and dP matmuls (see ha3_backward): 0 = rounded
+    to the input dtype, 1 = the logits' operand as hi + lo, 2 = the logits' and dP's, 3 =
+    both in float16, scaled (bf16 inputs only). fp32: 0; fp16: 'both'."""
+    if dtype == torch.float32:
+        return 0
+    return SPLITS[DEFAULT_SPLIT if dtype == torch.bfloat16 else 'both']
 
 
-DEFAULT_SPLIT = 'both'
+DEFAULT_SPLIT = 'fp16'
 SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two launches
 
 # Tiles per (dtype class, padded head size), each kernel's (rows, cols, pipeline stages[,
@@ -661,7 +718,8 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 # launches (SPLIT_DA_FROM); db_k: slot b's dk launch's own lanes. Chosen with
 # tools/compile_check.py: the largest tiles with no register spill on sm_90 (with the
 # default split) and shared memory within the limit. dqa: the fused dq + slot-a kernel;
-# none from 128 on, where it spilled in every tiling tried. At 128, dq and slot a's dk
+# at 128 on 32 lanes x 32 columns, 4 warps (64-lane tiles spilled 350-1,470 B: two
+# 64 x 128 float32 accumulators); none at 256. Unfused at 128, dq and slot a's dk
 # spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
 # take two: spill-free, but the second computes the logits and dP again (5 tile matmuls
 # per step instead of 3).
@@ -670,14 +728,14 @@ TILES = {
             32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(64, 32, 1)),
             64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2), dqa=(64, 16, 1)),
             128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
-                      db_k=(64, 16, 2)),
+                      db_k=(64, 16, 2), dqa=(32, 32, 1, 4)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     # sm_80 (A100: mma.sync per warp, 166,912 B of shared memory): 'low' spilled there
-    'low_sm80': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1)),
+    'low_sm80': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 1), db=(128, 64, 2), dqa=(128, 32, 1)),
                  32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(64, 32, 2), dqa=(128, 32, 1)),
                  64: dict(fwd=(128, 32, 2), dq=(128, 16, 2), da=(128, 16, 2), db=(64, 16, 1), dqa=(64, 16, 1)),
                  128: dict(fwd=(128, 16, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(32, 16, 1),
-                           db_k=(32, 16, 1)),
+                           db_k=(32, 16, 1), dqa=(32, 32, 1, 4)),
                  256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     'fp32': {16: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2), dqa=(64, 32, 2)),
              32: dict(fwd=(64, 32, 2), dq=(64, 32, 2), da=(64, 32, 2), db=(64, 32, 2), dqa=(64, 32, 2)),
@@ -781,7 +839,7 @@ def _check(q, ks_vs, what):
 
 
 def _split_mode(split_products, dtype):
-    """SPLITS' number for a split_products argument (None: DEFAULT_SPLIT); fp32: 0."""
+    """SPLITS' number for a split_products argument (None: default_split); fp32: 0."""
     if dtype == torch.float32:
         return 0
     if split_products is None:
@@ -790,7 +848,46 @@ def _split_mode(split_products, dtype):
         return 2 if split_products else 0
     if split_products not in SPLITS:
         raise ValueError(f"split_products must be one of {', '.join(SPLITS)} or None, not {split_products!r}")
+    if split_products == 'fp16' and dtype != torch.bfloat16:
+        raise ValueError(f"split_products='fp16' is for bfloat16 inputs (fp16 inputs already round the products "
+                         f"to float16: use 'none' or 'both'), got {dtype}")
     return SPLITS[split_products]
+
+
+def _exponent(t, dims):
+    """Per slice of t, the e in [-60, 60] with max |t| < 2^e (0 for a slice of zeros), int32."""
+    return torch.frexp(t.abs().amax(dims).float())[1].clamp(-60, 60)
+
+
+def _two_to(e):
+    """2^e, float32, for an integer tensor e."""
+    return torch.ldexp(torch.ones(e.shape, device=e.device), e.clamp(-120, 120))
+
+
+def _f16_scales(q, ka, kb, va, vb, qk_scale):
+    """Split 'fp16' (bf16 inputs): the lane products enter the logit and dP matmuls in
+    float16, 11 bits where bf16 keeps 8, in one matmul each (hi + lo takes two), and every
+    float16 operand is scaled by a power of two per head into float16's range, on the
+    device (no host sync). kb16 = kb 2^-e_kb and vb16 = vb 2^-e_vb lie in (-1, 1) (max |x|
+    < 2^e); the lanes are q ka s with s = 2^(14 - e_q - e_ka), so |A| < 2^14, and the
+    logits in base 2 are u (A . kb16), u = qk_scale 2^e_kb / s. Returns kb16, vb16, the
+    exponents of va and vb, and per head [s, u, 2^e_kb, 2^-e_vb] (N, 4) float32."""
+    e_q, e_ka, e_kb, e_va, e_vb = (_exponent(t, (1, 2)) for t in (q, ka, kb, va, vb))
+    s = _two_to(14 - e_q - e_ka)
+    kb16 = (kb * _two_to(-e_kb).to(kb.dtype)[:, None, None]).to(torch.float16)  # bf16 products exact
+    vb16 = (vb * _two_to(-e_vb).to(vb.dtype)[:, None, None]).to(torch.float16)
+    sc = torch.stack([s, qk_scale * _two_to(e_kb) / s, _two_to(e_kb), _two_to(-e_vb)], 1).contiguous()
+    return kb16, vb16, e_va, e_vb, sc
+
+
+def _f16_rows(dout, delta, lse, e_va, e_vb, dp):
+    """Split 'fp16', per query row i: dO_i c_i with c_i = 2^(14 - log2 dp - e_o,i - e_va),
+    so that |dO c va| < 2^14 / dp and dP16 = (dO c va) . vb16 < 2^14, i.e. dP / w with w =
+    2^e_vb / c. Returns dO c (bf16, exact), D / w, w, and lse - ln w (slot b forms P w)."""
+    ce = (14 - (dp.bit_length() - 1) - _exponent(dout, (2,)) - e_va[:, None]).clamp(-120, 120)
+    w = _two_to(e_vb[:, None] - ce)
+    return (dout * _two_to(ce).to(dout.dtype)[..., None], (delta / w).contiguous(), w.contiguous(),
+            (lse - torch.log(w)).contiguous())
 
 
 def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, return_fp32=False,
@@ -800,8 +897,9 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
     the logsumexp of the scaled logits over the visible pairs (-inf where there is none);
     with return_fp32 also the output in float32 (bf16/fp16 inputs; None for fp32), which
     ha3_backward takes as `out` for a more accurate D_i = dO_i . out_i. split_products:
-    'logits' or 'both' form the logits from the lane product q*ka as hi + lo (see
-    ha3_backward; pass the same to it). `config` overrides block sizes (tests)."""
+    'logits' or 'both' form the logits from the lane product q*ka as hi + lo, 'fp16' in
+    scaled float16 (see ha3_backward; pass the same to it). `config` overrides block sizes
+    (tests)."""
     _check(q, (k1, k2, v1, v2), "ha3_forward")
     q, k1, k2, v1, v2 = (t.contiguous() for t in (q, k1, k2, v1, v2))
     N, Tq, dh = q.shape
@@ -822,12 +920,17 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dp, c, _, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q))
     prec, emu = _modes(q.dtype)
+    split = _split_mode(split_products, q.dtype)
+    qk_scale = float(scale) * LOG2E
+    sc = lse  # unread unless split is 3
+    if split == 3:
+        kb, _, _, _, sc = _f16_scales(q, ka, kb, va, vb, qk_scale)
     with device_of(q):
         for h in _head_chunks(N):
             _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), h.stop - h.start)](
-                q[h], ka[h], kb[h], va[h], vb[h], out[h], (out32 if keep else out)[h], lse[h], Tq, Tk, offset,
-                wa, wb, float(scale) * LOG2E, CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, KEEP32=keep,
-                SPLIT=min(_split_mode(split_products, q.dtype), 1), **c)
+                q[h], ka[h], kb[h], va[h], vb[h], out[h], (out32 if keep else out)[h], lse[h], sc[h], Tq, Tk,
+                offset, wa, wb, qk_scale, CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, KEEP32=keep,
+                SPLIT=split if split == 3 else min(split, 1), **c)
     return result
 
 
@@ -839,8 +942,9 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     split_products (bf16/fp16 inputs): how the lane products q*ka and dO*va, which the
     input dtype rounds to half their digits, enter the logit and dP matmuls: 'none'
     (rounded: 11 tile matmuls per step, 8 where dq and slot a are fused), 'logits' (the
-    logits' as hi + lo, two matmuls: 14), 'both' (17, fused 12), or None for
-    DEFAULT_SPLIT; the same as the forward's. See docs."""
+    logits' as hi + lo, two matmuls: 14), 'both' (17, fused 12), 'fp16' (bf16 inputs:
+    both in float16, 11 bits, scaled by powers of two into its range: 11, fused 8), or
+    None for default_split; the same as the forward's. See docs."""
     _check(q, (k1, k2, v1, v2), "ha3_backward")
     q, k1, k2, v1, v2, out, dout = (t.contiguous() for t in (q, k1, k2, v1, v2, out, dout))
     lse = lse.contiguous().float()
@@ -860,11 +964,15 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     prec, emu = _modes(q.dtype)
     common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu)
     qk_scale = float(scale) * LOG2E
+    w, sc, lse_b = lse, lse, lse  # unread unless split is 3
+    if split == 3:  # the float16 operands and their scales (see _f16_scales, _f16_rows)
+        kb, vb, e_va, e_vb, sc = _f16_scales(q, ka, kb, va, vb, qk_scale)
+        dout, delta, w, lse_b = _f16_rows(dout, delta, lse, e_va, e_vb, dp)
     if fused:  # slot a's partial sums, one float32 plane per program parity (see the kernel)
         planes = torch.zeros((2, 2, N, Tk, dh), dtype=torch.float32, device=q.device)
     with device_of(q):
         for h in _head_chunks(N):
-            ins = (q[h], ka[h], kb[h], va[h], vb[h], dout[h], lse[h], delta[h])
+            ins = (q[h], ka[h], kb[h], va[h], vb[h], dout[h], lse[h], delta[h], w[h], sc[h])
             if fused:
                 _ha3_bwd_dqa_kernel[(triton.cdiv(Tq, cf['NG'] * cf['G']), h.stop - h.start)](
                     *ins, dq[h], planes[0][:, h], planes[1][:, h], Tq, Tk, offset, wa, wb, qk_scale,
@@ -879,7 +987,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
                         **_launch(ca, part))
             for part in cb['PARTS']:
                 _ha3_bwd_db_kernel[(triton.cdiv(Tk, cb['BB']), h.stop - h.start)](
-                    *ins, dkb[h], dvb[h], Tq, Tk, offset, wa, wb, qk_scale, PART=part, **common,
+                    *ins[:6], lse_b[h], *ins[7:], dkb[h], dvb[h], Tq, Tk, offset, wa, wb, qk_scale, PART=part, **common,
                     **_launch(cb, part))
     if fused:  # plane 0 + plane 1 in a fixed order; the lanes carry scale * log2(e) in A only
         dka.copy_((planes[0, 0] + planes[0, 1]) * scale)
@@ -911,6 +1019,17 @@ def kernels_of(p, dtype):
                    dict(_launch(p['da'], part), PART=part))
     for part in p['db']['PARTS']:
         yield ('ha_bwd_db', 'ha_bwd_dkb', 'ha_bwd_dvb')[part], _ha3_bwd_db_kernel, dict(_launch(p['db'], part), PART=part)
+
+
+def split_matmuls(name, split):
+    """Tile matmuls per step that the split products add to a kernel's formula: one per
+    operand taken as hi + lo ('logits': the logits', 'both': also dP's, where the kernel
+    forms dP); 'none' and 'fp16' none."""
+    if split in (0, 3):
+        return 0
+    if name == 'ha_fwd' or name in ('ha_bwd_dva', 'ha_bwd_dvb'):
+        return 1
+    return split
 
 
 def step_shape(name, c, split):
