@@ -97,14 +97,24 @@ SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4:
                 128: {1: (64, 32, 4, 1), 2: (16, 32, 4, 1), 3: (16, 16, 4, 1), 4: (16, 16, 4, 1)}}
 
 
+# HFA's dq kernel at (head block, A), bf16/fp16 on sm_90, where it takes larger tiles than
+# dk/dv: at dh 128, A = 2, 64 rows (wgmma) on one stage, 0.55 cycles per pair by
+# docs/performance.md's model against 0.92 on the shared 32 x 32 (dk/dv spilled 144 B there)
+HFA_BWD_DQ = {(128, 2): (64, 16, 4, 1)}
+
+
 def block_sizes(kind, BD, A, dtype, arch=90):
     """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd', 'linear_fwd', 'linear_bwd' (linear:
-    A = 1); for 'hfa_bwd' (R, L, num_warps, num_stages): rows kept, rows per step; for the
+    A = 1); for 'hfa_bwd' (R, L, num_warps, num_stages): rows kept, rows per step, of both
+    backward kernels but where 'hfa_bwd_dq' gives the dq kernel its own; for the
     GPU of compute capability `arch` (before sm_90: the backward with one stage). Small tiles in the interpreter (more block edges tested). On a GPU, the
     largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90, found
     with tools/compile_check.py (which prints registers and stack per configuration)."""
     if INTERPRETED:
         return 16, 16, 1, 1
+    if kind == 'hfa_bwd_dq':  # the dq kernel's own tiles where they differ from dk/dv's
+        own = HFA_BWD_DQ.get((BD, A)) if arch >= 90 and dtype != torch.float32 else None
+        return own or block_sizes('hfa_bwd', BD, A, dtype, arch)
     stages = 2 if BD > 64 else 3
     if dtype == torch.float32:  # fp32 dots run on FMA units, not tensor cores: small tiles
         if arch < 90:  # sm_80's smaller shared memory: 3 stages of A = 4 needed 176 KB

@@ -165,7 +165,8 @@ SMALL_BLOCKS = dict(G=2, BA=8, BB=16, JA=2, BU=8, BBD=16)
 @pytest.mark.parametrize('Tq,Tk,offset,w1,w2', [(33, 33, 0, 0, 0), (40, 40, 0, 20, 12), (20, 48, 28, 0, 12)])
 def test_fp32_small_blocks(tha, Tq, Tk, offset, w1, w2):
     """Blocks far smaller than the windows: many lane blocks per query, column sweeps with
-    unmasked interior blocks, several query groups per key block."""
+    unmasked interior blocks, several query groups per key block, and slot b's lane tiles
+    both with lane masks and (whole blocks of visible pairs) without."""
     m, dev = tha
     gen = torch.Generator().manual_seed(5)
     ins, dout = inputs(1, Tq, Tk, 16, False, torch.float32, dev, gen)

@@ -263,9 +263,11 @@ def hfa_linear_cases(dtypes, bds, causals, families, arch=90):
                 BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype, arch)
                 for kname, fn, cx, formula, useful in hfa.compiled_kernels('fwd', base, BM, BN, dtype):
                     yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
-                BM, BN, w, s = common.block_sizes('hfa_bwd', BD, A, dtype, arch)
-                for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
-                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
+                for kind in ('hfa_bwd_dq', 'hfa_bwd'):  # dq's own tiles, then dk/dv's
+                    BM, BN, w, s = common.block_sizes(kind, BD, A, dtype, arch)
+                    for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
+                        if (kname == 'hfa_bwd_dq') == (kind == 'hfa_bwd_dq'):
+                            yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
         if 'linear' in families:
             for norm in [False, True]:
                 base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)

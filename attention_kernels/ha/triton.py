@@ -89,14 +89,21 @@ def _pos(i, offset, Tk, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _rows(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr):
+def _rows(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr, MASK_ROWS: tl.constexpr = True):
     """Rows `rows` of a row-major (T, DH) matrix as an (M, DP) block in its own dtype; rows
-    where ok is False and the padding columns d >= DH read as 0."""
+    where ok is False (MASK_ROWS: else every row is read) and the padding columns d >= DH
+    read as 0."""
     ptr = base + rows[:, None] * DH + d[None, :]
-    if DH == DP:
-        x = tl.load(ptr, mask=ok[:, None], other=0.0)
+    if MASK_ROWS:
+        if DH == DP:
+            x = tl.load(ptr, mask=ok[:, None], other=0.0)
+        else:
+            x = tl.load(ptr, mask=ok[:, None] & (d[None, :] < DH), other=0.0)
     else:
-        x = tl.load(ptr, mask=ok[:, None] & (d[None, :] < DH), other=0.0)
+        if DH == DP:
+            x = tl.load(ptr)
+        else:
+            x = tl.load(ptr, mask=d[None, :] < DH, other=0.0)
     return x
 
 
@@ -552,6 +559,44 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ, PK, PV,
 
 
 @triton.jit
+def _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, ja, ok, Wb, s_lane, u, d,
+             DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr,
+             SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+    """One lane tile, queries i_r at positions p_r and a keys ja, against the b-key block j. LANES: some lanes may be no visible pair (ok says which); else every
+    lane is one and nothing is masked (slot b forms its lanes anew at every step, so their
+    masks cost as much as a fifth of its instructions)."""
+    dt = KA.dtype.element_ty
+    # each product rounded before the next is formed (two float32 tiles at once spilled)
+    A, A_lo = _split(_rows(Q, i_r, ok, d, DH, DP, LANES).to(tl.float32) * s_lane
+                     * _rows(KA, ja, ok, d, DH, DP, LANES).to(tl.float32), dt, EMU, SPLIT == 1 or SPLIT == 2, SPLIT == 3)
+    Bm, Bm_lo = _split(_rows(DO, i_r, ok, d, DH, DP, LANES).to(tl.float32)
+                       * _rows(VA, ja, ok, d, DH, DP, LANES).to(tl.float32), dt, EMU, SPLIT == 2 and PART != 2,
+                       SPLIT == 3)
+    if LANES:
+        lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
+    else:  # a visible pair per lane: its query sees something, so lse is finite
+        lse2 = tl.load(LSE + i_r) * 1.4426950408889634
+        delta = tl.load(DELTA + i_r)
+    ST = _pair_dot_t(kb, A, A_lo, SPLIT == 1 or SPLIT == 2, PREC)  # (BB, R)
+    ST = ST * u - lse2[None, :]
+    if MASKED:
+        ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
+    PT = tl.math.exp2(ST)
+    if SPLIT == 3:  # the sums over lanes take the products in dt
+        A = A_lo
+        Bm_sum = Bm_lo
+    else:
+        Bm_sum = Bm
+    if PART != 2:
+        dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT == 2, PREC)
+        dST = PT * (dPT - delta[None, :])
+        dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
+    if PART != 1:
+        dv = tl.dot(_lowp(PT, dt, EMU), Bm_sum, dv, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
 def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
                Tk, offset, Wa, Wb, s_lane, u, d,
                CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
@@ -560,12 +605,15 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
     """Accumulate into the b-key block j the lane tiles of queries [i_start, i_end):
     dk (PART 0, 1) and dv (PART 0, 2; needs no dP). SPLIT 3: kb, vb and the lanes' hi are
     float16 in scaled units, LSE carries w (P here is P w: see _f16_rows), and dk, dv sum
-    over the lanes' lo (the products in dt)."""
+    over the lanes' lo (the products in dt). Where the columns need no mask (the steady
+    state), lane tiles that are all visible pairs skip the lane masks too: causal, and
+    not with the hi + lo splits (a second loop body spilled there, in the non-causal dk
+    launch at head size 128, and as a third body in the masked regions)."""
     R: tl.constexpr = G * BA
-    dt = KA.dtype.element_ty
     r = tl.arange(0, R)
     g_r = r // BA
     t_r = r % BA
+    every = r >= 0
     for s in range(i_start, i_end, G):
         i_r = s + g_r
         q_ok = i_r < i_end
@@ -574,31 +622,21 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
         p_hi = _pos(tl.minimum(s + G, i_end) - 1, offset, Tk, CAUSAL)
         t_lo = tl.maximum(0, p_lo - (Tk - 1))
         t_hi = tl.minimum(p_hi, Wa - 1) + 1
-        for tb in range(t_lo, t_hi, BA):
+        # whole blocks of a keys t < min(p_lo + 1, Wa) are visible pairs for every query of
+        # a full group that is not past the last key: no lane masks there
+        t_all = t_lo
+        if CAUSAL and not MASKED and (SPLIT == 0 or SPLIT == 3):  # else the second body spilled
+            n_all = tl.where((s + G <= i_end) & (t_lo == 0) & (p_hi <= Tk - 1), tl.minimum(p_lo + 1, Wa) // BA, 0)
+            t_all = t_lo + n_all * BA
+            for tb in range(t_lo, t_all, BA):
+                dk, dv = _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, p_r - (tb + t_r), every, Wb,
+                                  s_lane, u, d, DH, DP, MASKED, False, SPLIT, PREC, EMU, PART)
+        for tb in range(t_all, t_hi, BA):
             tp = tb + t_r
             ja = p_r - tp
             ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-            A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, EMU,
-                             SPLIT == 1 or SPLIT == 2, SPLIT == 3)
-            Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
-                               SPLIT == 2 and PART != 2, SPLIT == 3)
-            lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
-            ST = _pair_dot_t(kb, A, A_lo, SPLIT == 1 or SPLIT == 2, PREC)  # (BB, R)
-            ST = ST * u - lse2[None, :]
-            if MASKED:
-                ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
-            PT = tl.math.exp2(ST)
-            if SPLIT == 3:  # the sums over lanes take the products in dt
-                A = A_lo
-                Bm_sum = Bm_lo
-            else:
-                Bm_sum = Bm
-            if PART != 2:
-                dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT == 2, PREC)
-                dST = PT * (dPT - delta[None, :])
-                dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
-            if PART != 1:
-                dv = tl.dot(_lowp(PT, dt, EMU), Bm_sum, dv, input_precision=PREC)
+            dk, dv = _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, ja, ok, Wb, s_lane, u,
+                              d, DH, DP, MASKED, True, SPLIT, PREC, EMU, PART)
     return dk, dv
 
 
@@ -726,7 +764,7 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 TILES = {
     'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1)),
             32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(64, 32, 1)),
-            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 64, 2), dqa=(64, 16, 1)),
+            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 32, 1), dqa=(64, 16, 1)),
             128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
                       db_k=(64, 16, 2), dqa=(32, 32, 1, 4)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},

@@ -329,11 +329,12 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     win = window if causal else 0
     # each kernel keeps R rows (its accumulators) and steps L rows at a time: dq keeps R
     # queries, dk/dv R keys; their dots all have R rows (wgmma's 64 where R = 64)
-    R, L, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype, arch_of(q))
+    R, L, warps, stages = block_sizes('hfa_bwd_dq', BD, A, q.dtype, arch_of(q))
     with device_of(q):
         _hfa_bwd_dq[(N, triton.cdiv(Tq, R))](q, k, v, dout, lse, delta, dq, N * Tq * D, N * Tk * D, Tq, Tk,
                                              offset, win, scale, BM=R, BN=L, num_warps=warps,
                                              num_stages=stages, **common)
+    R, L, warps, stages = block_sizes('hfa_bwd', BD, A, q.dtype, arch_of(q))
     with device_of(q):
         _hfa_bwd_dkdv[(N, triton.cdiv(Tk, R))](q, k, v, dout, lse, delta, dk, dv, N * Tq * D, N * Tk * D, Tq, Tk,
                                                offset, win, scale, BM=L, BN=R, num_warps=warps,
