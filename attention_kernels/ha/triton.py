@@ -42,8 +42,9 @@ D_i = dO_i . out_i (precomputed, O(T), from the forward's float32 output when gi
                        never share a key), the two summed once at the end: deterministic.
 Elsewhere dq and slot a are two kernels (the same dS summed along different axes): full
 causal at long T and non-causal, where an a key's queries span more programs than two
-planes hold, and head size 128 and up, where the fused kernel spilled. From head size 128
-each slot's dk and dv are two launches (one accumulator each fits the registers).
+planes hold, and head size 256 (at 128 the fused kernel takes 32-lane tiles; 64 spilled).
+From head size 128 the unfused slot a's and slot b's dk and dv are two launches each (one
+accumulator each fits the registers).
 Statistics, accumulators and gradient sums are float32 whatever the input dtype; matmul
 inputs are the input dtype (fp32 inputs use IEEE fp32 dots, not TF32). A lane row is a
 product of two inputs, which the input dtype rounds to half its digits (bf16 keeps 8 bits
