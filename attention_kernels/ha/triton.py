@@ -758,7 +758,8 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 # tools/compile_check.py: the largest tiles with no register spill on sm_90 (with the
 # default split) and shared memory within the limit. dqa: the fused dq + slot-a kernel;
 # at 128 on 32 lanes x 32 columns, 4 warps (64-lane tiles spilled 350-1,470 B: two
-# 64 x 128 float32 accumulators); none at 256. Unfused at 128, dq and slot a's dk
+# 64 x 128 float32 accumulators); none at 256. Slot b at 128 on one stage: with two, its
+# dv launch spilled 8 B under triton 3.6 (the GPU machine's). Unfused at 128, dq and slot a's dk
 # spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
 # take two: spill-free, but the second computes the logits and dP again (5 tile matmuls
 # per step instead of 3).
@@ -766,8 +767,8 @@ TILES = {
     'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1)),
             32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(64, 32, 1)),
             64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 32, 1), dqa=(64, 16, 1)),
-            128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 2),
-                      db_k=(64, 16, 2), dqa=(32, 32, 1, 4)),
+            128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 1),
+                      db_k=(64, 16, 1), dqa=(32, 32, 1, 4)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
     # sm_80 (A100: mma.sync per warp, 166,912 B of shared memory): 'low' spilled there
     'low_sm80': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 1), db=(128, 64, 2), dqa=(128, 32, 1)),
@@ -895,7 +896,7 @@ def _split_mode(split_products, dtype):
 
 def _exponent(t, dims):
     """Per slice of t, the e in [-60, 60] with max |t| < 2^e (0 for a slice of zeros), int32."""
-    return torch.frexp(t.abs().amax(dims).float())[1].clamp(-60, 60)
+    return torch.frexp(torch.linalg.vector_norm(t, float('inf'), dims, dtype=torch.float32))[1].clamp(-60, 60)
 
 
 def _two_to(e):
