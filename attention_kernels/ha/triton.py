@@ -904,18 +904,19 @@ def _two_to(e):
     return torch.ldexp(torch.ones(e.shape, device=e.device), e.clamp(-120, 120))
 
 
-def _f16_scales(q, ka, kb, va, vb, qk_scale):
+def _f16_scales(q, ka, kb, va, vb, qk_scale, backward=True):
     """Split 'fp16' (bf16 inputs): the lane products enter the logit and dP matmuls in
     float16, 11 bits where bf16 keeps 8, in one matmul each (hi + lo takes two), and every
     float16 operand is scaled by a power of two per head into float16's range, on the
     device (no host sync). kb16 = kb 2^-e_kb and vb16 = vb 2^-e_vb lie in (-1, 1) (max |x|
     < 2^e); the lanes are q ka s with s = 2^(14 - e_q - e_ka), so |A| < 2^14, and the
-    logits in base 2 are u (A . kb16), u = qk_scale 2^e_kb / s. Returns kb16, vb16, the
-    exponents of va and vb, and per head [s, u, 2^e_kb, 2^-e_vb] (N, 4) float32."""
+    logits in base 2 are u (A . kb16), u = qk_scale 2^e_kb / s. Returns kb16, vb16 (None
+    unless `backward`: the forward multiplies P by vb in bf16), the exponents of va and vb,
+    and per head [s, u, 2^e_kb, 2^-e_vb] (N, 4) float32."""
     e_q, e_ka, e_kb, e_va, e_vb = (_exponent(t, (1, 2)) for t in (q, ka, kb, va, vb))
     s = _two_to(14 - e_q - e_ka)
     kb16 = (kb * _two_to(-e_kb).to(kb.dtype)[:, None, None]).to(torch.float16)  # bf16 products exact
-    vb16 = (vb * _two_to(-e_vb).to(vb.dtype)[:, None, None]).to(torch.float16)
+    vb16 = (vb * _two_to(-e_vb).to(vb.dtype)[:, None, None]).to(torch.float16) if backward else None
     sc = torch.stack([s, qk_scale * _two_to(e_kb) / s, _two_to(e_kb), _two_to(-e_vb)], 1).contiguous()
     return kb16, vb16, e_va, e_vb, sc
 
@@ -964,7 +965,7 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
     qk_scale = float(scale) * LOG2E
     sc = lse  # unread unless split is 3
     if split == 3:
-        kb, _, _, _, sc = _f16_scales(q, ka, kb, va, vb, qk_scale)
+        kb, _, _, _, sc = _f16_scales(q, ka, kb, va, vb, qk_scale, backward=False)
     with device_of(q):
         for h in _head_chunks(N):
             _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), h.stop - h.start)](
