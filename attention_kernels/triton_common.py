@@ -94,7 +94,7 @@ def dot_precision(dtype):
 # the HFA backward on sm_80 (mma.sync, per warp): (R, L, warps, stages) by head block and A
 SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4: (16, 32, 4, 1)},
                 64: {1: (64, 32, 4, 1), 2: (32, 32, 4, 1), 3: (32, 32, 4, 1), 4: (32, 32, 4, 1)},
-                128: {1: (64, 32, 4, 1), 2: (16, 32, 4, 1), 3: (16, 16, 4, 1), 4: (16, 16, 4, 1)}}
+                128: {1: (64, 32, 4, 1), 2: (16, 32, 4, 1), 3: (16, 16, 4, 1), 4: (16, 64, 8, 1)}}
 
 
 # HFA's dq kernel at (head block, A), bf16/fp16 on sm_90, where it takes larger tiles than
@@ -120,8 +120,10 @@ def block_sizes(kind, BD, A, dtype, arch=90):
         if arch < 90:  # sm_80's smaller shared memory: 3 stages of A = 4 needed 176 KB
             stages = 1
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
-    if kind.endswith('fwd'):  # A = 4 at dh 128: 2 stages spill 8 B
-        return (64, 32, 4, 1 if A == 4 and BD > 64 else stages) if A > 2 or BD > 64 else (128, 64, 8, stages)
+    if kind.endswith('fwd'):  # 128 rows on 8 warps: two warp groups of 64 rows, no tile twice
+        if BD > 64:  # one stage; 64 columns spilled 8-48 B with A >= 2 (triton 3.6 or 3.9)
+            return 128, 64 if A == 1 else 32, 8, 1
+        return 128, 32 if A == 4 and arch < 90 else 64, 8, 2 if A > 2 else stages  # sm_80 A = 4: 64 spilled 8 B
     # backward: (rows each kernel keeps, rows per step, warps, stages); hfa_backward gives dq
     # R query rows and dk/dv R key rows, and every dot of both has R rows, so R = 64 runs
     # on wgmma. The largest R without spills on sm_90 (tools/compile_check.py): one stage
@@ -129,14 +131,14 @@ def block_sizes(kind, BD, A, dtype, arch=90):
     # dh 128 spilled at every R >= 32 tried (8-2,600 B) and take 16-row tiles (mma.sync)
     if kind == 'hfa_bwd' and arch < 90:  # sm_80: its own, no spills (tools/compile_check.py --arch 80)
         return SM80_HFA_BWD[min(max(BD, 32), 128)][A]
-    if kind == 'linear_bwd':
-        t = (64, 64, 8, stages) if BD > 64 else (64, 64, 4, stages)
-    elif BD > 64:
-        t = {1: (64, 16, 4, 2), 2: (32, 32, 4, 2), 3: (16, 32, 4, 2), 4: (16, 16, 4, 1)}[A]
+    if kind == 'linear_bwd':  # dh 128: 64 rows on 8 warps computed every tile twice
+        t = (128, 64, 8, 1) if BD > 64 else (64, 64, 4, stages)
+    elif BD > 64:  # A = 4: 16 x 16 on 4 warps spilled 8-24 B under triton 3.6 and ran 14 tile matmuls for 9
+        t = {1: (64, 16, 4, 2), 2: (32, 32, 4, 2), 3: (16, 32, 4, 2), 4: (16, 64, 8, 1)}[A]
     elif A == 4 and BD <= 32:  # 16-row tiles on 4 warps compute tiles twice (and spilled 16 B at dh 16)
         t = (16, 32, 2, 2)
-    else:
-        t = {1: (64, 64, 4, 3), 2: (64, 16, 4, 2), 3: (64, 16, 4, 1), 4: (16, 32, 4, 2)}[A]
+    else:  # A = 4: a second stage spilled 8 B under triton 3.6
+        t = {1: (64, 64, 4, 3), 2: (64, 16, 4, 2), 3: (64, 16, 4, 1), 4: (16, 32, 4, 1)}[A]
     # sm_80 (mma.sync, per warp): a second stage spilled 8-112 B in some of these kernels
     return t if arch >= 90 else t[:3] + (1,)
 

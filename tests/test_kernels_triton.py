@@ -148,6 +148,21 @@ def test_hfa_backward_with_unequal_tiles(monkeypatch, rows_kept, rows_per_step):
         assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
 
 
+@pytest.mark.parametrize('fwd_tiles, bwd_tiles', [((64, 16), (16, 32)), ((32, 64), (64, 16))])
+def test_hfa_forward_with_unequal_tiles(monkeypatch, fwd_tiles, bwd_tiles):
+    """On a GPU the forward takes query tiles 2-4x its key tiles (128 x 32 at dh 128) or
+    smaller; the unmasked and diagonal blocks must still be split right at every edge."""
+    from attention_kernels.hfa import triton as hfa_triton
+    real = hfa_triton.block_sizes
+    monkeypatch.setattr(hfa_triton, 'block_sizes', lambda kind, *a: (*fwd_tiles, 1, 1) if kind == 'hfa_fwd'
+                        else (*bwd_tiles, 1, 1) if kind.startswith('hfa_bwd') else real(kind, *a))
+    for offset, window in [(0, 0), (0, 23), (9, 0)]:
+        Tq, Tk, dh = 100, 100 + offset, 20
+        errs = compare(hfa_kernel(offset, True, window, dh ** -0.5), hfa_ref(offset, True, window, dh ** -0.5),
+                       hfa_case(2, Tq, Tk, dh, seed=offset + window), torch.float32, seed=14)
+        assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
+
+
 def test_hfa_query_that_sees_nothing_gives_zero():
     """Queries past the keys with a window (decoding beyond the cache) read nothing: 0."""
     q, k, v = hfa_case(2, 4, 5, 16)
@@ -231,6 +246,20 @@ def test_linear_chunked_low_precision_within_2x_of_sdpa(chunked_linear, dtype, n
     floor = sdpa_errors(N, T, T, dh, 0, True, 0, dtype, seed=9)
     assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
     assert chunked_linear == ['chunked_forward', 'chunked_backward']
+
+
+@pytest.mark.parametrize('tiles', [(64, 16), (32, 64)])
+def test_linear_with_unequal_tiles(monkeypatch, tiles):
+    """The quadratic kernels at query tiles larger (128 x 64 at dh 128 on a GPU) and smaller
+    than their key tiles, with windows and a decoding offset."""
+    from attention_kernels.linear import triton as lin_triton
+    monkeypatch.setattr(lin_triton, 'block_sizes', lambda kind, *a: (*tiles, 1, 1))
+    for offset, window, norm in [(0, 0, True), (0, 23, False), (9, 0, True)]:
+        Tq, Tk, dh = 100, 100 + offset, 20
+        xs = [randn(2, Tq, dh, seed=offset), randn(2, Tk, dh, seed=offset + 1), randn(2, Tk, dh, seed=offset + 2)]
+        errs = compare(lin_kernel(offset, True, window, norm, dh ** -0.5),
+                       lin_ref(offset, True, window, norm, dh ** -0.5), xs, torch.float32, seed=15)
+        assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
 
 
 def test_linear_chunked_only_for_long_full_causal_self_attention():

@@ -351,7 +351,7 @@ def main():
     p.add_argument('--json', default='', help='write every record to this file')
     p.add_argument('--ha_geometry', default='', choices=['', 'windows', 'full', 'noncausal'],
                    help='HA at T = 4096 with windows (512, 32), full causal or non-causal (default: all)')
-    p.add_argument('--ha_split', default='', choices=['', 'none', 'logits', 'both'],
+    p.add_argument('--ha_split', default='', choices=['', *ha.SPLITS],
                    help="HA backward's lane-product split (default: the wrapper's)")
     args = p.parse_args()
     failed, recs, t0 = 0, [], time.time()
