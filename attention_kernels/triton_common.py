@@ -108,8 +108,8 @@ def block_sizes(kind, BD, A, dtype, arch=90):
     A = 1); for 'hfa_bwd' (R, L, num_warps, num_stages): rows kept, rows per step, of both
     backward kernels but where 'hfa_bwd_dq' gives the dq kernel its own; for the
     GPU of compute capability `arch` (before sm_90: the backward with one stage). Small tiles in the interpreter (more block edges tested). On a GPU, the
-    largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90, found
-    with tools/compile_check.py (which prints registers and stack per configuration)."""
+    largest tiles whose live fp32 tiles fit 255 registers without spilling on sm_90 under
+    triton 3.6 (torch 2.11's) and 3.9, found with tools/compile_check.py (which prints registers and stack per configuration)."""
     if INTERPRETED:
         return 16, 16, 1, 1
     if kind == 'hfa_bwd_dq':  # the dq kernel's own tiles where they differ from dk/dv's
@@ -123,7 +123,8 @@ def block_sizes(kind, BD, A, dtype, arch=90):
     if kind.endswith('fwd'):  # 128 rows on 8 warps: two warp groups of 64 rows, no tile twice
         if BD > 64:  # one stage; 64 columns spilled 8-48 B with A >= 2 (triton 3.6 or 3.9)
             return 128, 64 if A == 1 else 32, 8, 1
-        return 128, 32 if A == 4 and arch < 90 else 64, 8, 2 if A > 2 else stages  # sm_80 A = 4: 64 spilled 8 B
+        cols = 32 if A == 4 and arch < 90 else 64  # sm_80, A = 4: 64 spilled 8 B
+        return 128, cols, 8, 2 if A > 2 else stages
     # backward: (rows each kernel keeps, rows per step, warps, stages); hfa_backward gives dq
     # R query rows and dk/dv R key rows, and every dot of both has R rows, so R = 64 runs
     # on wgmma. The largest R without spills on sm_90 (tools/compile_check.py): one stage
