@@ -127,26 +127,68 @@ def stderr_tail(run_dir, n=15):
 
 
 def grid_runs(args, variants, seeds):
-    """Every (variant, seed, run_dir, state) of the grid, in the order they are started."""
+    """Every (variant, seed, run_dir, state) of the grid, in the order they are started: seed by
+    seed (every variant's seed 0 first), so that paired results arrive early."""
     runs = []
-    for v in variants:
-        for s in seeds_of(v, seeds):
+    for i, v in enumerate(variants):
+        for k, s in enumerate(seeds_of(v, seeds)):
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
             diff = config_mismatch(run_dir, v['cfg'])
             if diff:  # never reuse or resume a run made with other settings
                 raise UserError(f"{run_dir} was trained with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
                                 f"use another --out, or delete that run")
-            runs.append((v, s, run_dir, run_state(run_dir, v['cfg']['max_iters'])))
-    return runs
+            runs.append(((k, i), (v, s, run_dir, run_state(run_dir, v['cfg']['max_iters']))))
+    return [run for _, run in sorted(runs, key=lambda r: r[0])]
+
+
+def recorded_runs(out, variants):
+    """{(variant, seed): run} of the finished runs an existing OUT/results.json records, where
+    its row was trained as this grid asks (same settings, same length). A run whose folder is
+    gone (a fresh clone: runs/ is not in git) is then finished, not trained again."""
+    path = Path(out) / 'results.json'
+    if not path.exists():
+        return {}
+    try:
+        rows = {r['variant']: r for r in json.loads(path.read_text())}
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return {}
+    kept = {}
+    for v in variants:
+        row = rows.get(v['variant'])
+        if not row or recorded_mismatch(row, v):
+            continue
+        for run in row.get('runs', []):
+            kept[v['variant'], run['seed']] = {
+                **run, 'finished': True, 'iter': row['iters'], 'params': row['params'],
+                'best_val_ppl': math.exp(run['best_val_loss']),
+                'flops_per_token': row['flops_per_token'], 'tokens_per_iter': row['tokens_per_iter'],
+                'curve': row.get('curves', {}).get(str(run['seed'])) or row.get('curves', {}).get(run['seed'])}
+    return kept
+
+
+def recorded_mismatch(row, v):
+    """What differs between a results.json row and the variant this grid asks for ('' if nothing):
+    the whole train.py config where the row records it, else its overrides and length."""
+    if row.get('config') is not None:
+        diff = [k for k, val in v['cfg'].items() if k not in RUN_KEYS and row['config'].get(k, val) != val]
+        return ', '.join(f"{k} {row['config'][k]!r} there, {v['cfg'][k]!r} asked" for k in diff)
+    if row.get('iters') is not None and row['iters'] != v['cfg']['max_iters']:
+        return f"max_iters {row['iters']} there, {v['cfg']['max_iters']} asked"
+    if row.get('overrides') != json.loads(json.dumps(v['overrides'])):
+        return f"overrides {row.get('overrides')} there, {v['overrides']} asked"
+    return ''
 
 
 def run_grid(args, variants, seeds):
     import queue
     from tqdm import tqdm
     todo, outcomes = [], {}
+    kept = recorded_runs(args.out, variants)
     for v, s, run_dir, state in grid_runs(args, variants, seeds):
         if state == 'done':
             outcomes[v['variant'], s] = 'skipped (finished before)'
+        elif state == 'scratch' and (v['variant'], s) in kept and not (run_dir / 'log.jsonl').exists():
+            outcomes[v['variant'], s] = 'kept (results.json)'
         else:
             todo.append((v, s, run_dir, state))
     slots = gpu_slots(args)
@@ -234,12 +276,15 @@ def collect_run(run_dir, max_iters):
 def summarize(args, variants, seeds, outcomes):
     import numpy as np  # not at the top: tools/train_smoke.py imports this module (numpy may be missing)
     runs_by_variant = {}
+    kept = recorded_runs(args.out, variants)
     for v in variants:
         runs_by_variant[v['variant']] = []
         for s in seeds_of(v, seeds):
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
             r = collect_run(run_dir, v['cfg']['max_iters'])
             status = outcomes.get((v['variant'], s), 'not run')
+            if (r is None or not r['finished']) and (v['variant'], s) in kept:
+                r, status = kept[v['variant'], s], 'kept (results.json)'  # trained before; its folder is gone
             failed = r is None or not r['finished']
             runs_by_variant[v['variant']].append({'seed': s, 'status': status, 'failed': failed,
                                                   'run_dir': str(run_dir), **(r or {}),
@@ -250,6 +295,7 @@ def summarize(args, variants, seeds, outcomes):
         done = [r for r in runs_by_variant[v['variant']] if not r['failed']]
         loss = [r['val_loss'] for r in done]
         row = {'variant': v['variant'], 'n_seeds': len(done), 'seeds': [r['seed'] for r in done],
+               'config': {k: val for k, val in v['cfg'].items() if k not in RUN_KEYS},
                'shape': v['shape'], 'overrides': v['overrides'], 'match': args.match,
                'params': done[0]['params'] if done else v['params_planned'],
                'flops_per_token': done[0]['flops_per_token'] if done else v['flops_planned'],
@@ -317,11 +363,29 @@ def markdown_table(args, rows, seeds):
     return '\n'.join(lines)
 
 
+def dropped_runs(out, rows, variants):
+    """The finished runs an existing OUT/results.json holds that `rows` would drop, as
+    ['variant seed k (why)', ...]: a summary is never replaced by one with less in it."""
+    path = Path(out) / 'results.json'
+    try:
+        old = json.loads(path.read_text()) if path.exists() else []
+    except json.JSONDecodeError:
+        return []
+    new = {(r['variant'], run['seed']) for r in rows for run in r['runs']}
+    asked = {v['variant']: v for v in variants}
+    lost = []
+    for row in old:
+        why = 'not in this grid' if row['variant'] not in asked else recorded_mismatch(row, asked[row['variant']])
+        lost += [f"{row['variant']} seed {run['seed']}" + (f" ({why})" if why else '')
+                 for run in row.get('runs', []) if (row['variant'], run['seed']) not in new]
+    return lost
+
+
 def write_outputs(out, rows, table):
     out.mkdir(parents=True, exist_ok=True)
     (out / 'results.json').write_text(json.dumps(rows, indent=1))
     (out / 'results.md').write_text(table + '\n')
-    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds')] if rows else []
+    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds', 'config')] if rows else []
     with open(out / 'results.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=flat + ['n_failed'], extrasaction='ignore')
         w.writeheader()
@@ -376,6 +440,11 @@ def main(argv=None):
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)
     out = Path(args.out)
+    lost = dropped_runs(out, rows, variants)
+    if lost and not args.overwrite:
+        raise UserError(f"{out / 'results.json'} holds {len(lost)} finished run(s) this summary would drop "
+                        f"({'; '.join(lost[:3])}{'; ...' if len(lost) > 3 else ''}); nothing written: rerun with "
+                        f"the grid's own arguments, or add --overwrite to replace it")
     write_outputs(out, rows, table)
     title = f"validation loss, mean over {len(seeds)} seeds (band: min..max); matched: {args.match}"
     for path in [out / 'compare.png'] + ([args.plot] if args.plot else []):

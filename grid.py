@@ -174,6 +174,8 @@ def parse_args(argv, description=''):
     p.add_argument('--jobs', type=int, default=1, help='runs trained at the same time (without --gpus)')
     p.add_argument('--threads', type=int, default=0, help='OMP_NUM_THREADS per run (0: leave as is)')
     p.add_argument('--collect_only', action='store_true', help='train nothing; summarise what exists')
+    p.add_argument('--overwrite', action='store_true',
+                   help='write the summary even if OUT/results.json holds finished runs it would drop')
     p.add_argument('--dry_run', action='store_true', help='print every run, its command and budget; run nothing')
     p.add_argument('--est_gpu', default='H100', help="GPU of the --dry_run estimates (hardware.py's table)")
     p.add_argument('--est_mfu', type=float, default=0.30, help='MFU assumed by the --dry_run estimates')

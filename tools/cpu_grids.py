@@ -126,6 +126,19 @@ def _grid(name, only):
         chosen = long_choice() or {}
         variants = {p: {**o, 'seeds': LONG_SEEDS if p in chosen.values() else 1} for p, o in long_candidates().items()}
         return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
+    if name == 'long12k':  # issue: does the gap grow, hold or close? Five seeds of the key pair at twice
+        # the long study's length, its chosen rates; seed 0 of each also at half its rate (an edge check)
+        chosen = long_choice()
+        if chosen is None:
+            sys.exit("the long grid's rate choice is unfinished: run `python tools/cpu_grids.py long` first")
+        cands = long_candidates()
+        variants = {chosen[v]: {**cands[chosen[v]], 'seeds': LONG12K_SEEDS} for v in LONG_KEY}
+        for v in LONG_KEY:
+            lr = cands[chosen[v]]['learning_rate'] / 2
+            variants[f'{v}_lr{lr_tag(lr)}'] = {**with_lr(VARIANTS[v], lr), 'seeds': 1}
+        return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
+    if name == 'wide':
+        return wide_grid(), 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
     if name in ('long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more'):
         # the key pair at the rate chosen at full length; *_more: seeds 3 and 4 of the same runs
         # (every LONG variant at full length), pooled into their grid by tools/grid_report.py
@@ -176,10 +189,52 @@ def _grid(name, only):
 # chosen rate then runs LONG_SEEDS, the same seeds for every variant (seed k: the same data order).
 LONG = ['ha_share_w', 'sa_w16', 'ha_noshare_w', 'sa']  # the key pair first, then the other pair
 LONG_KEY = ['sa_w16', 'ha_share_w']  # the pair also trained at the shorter lengths
-LONG_ITERS = {'long': 6000, 'long3k': 3000, 'long1k': 1000}
+LONG_ITERS = {'long': 6000, 'long3k': 3000, 'long1k': 1000, 'long12k': 12000}
 LONG_SEEDS = 3  # seeds 0-2 (compare.py: a count), trained first
 LONG_MORE_SEEDS = '3,4'  # the *_more grids: seeds 3 and 4, trained later (five seeds in all)
 LONG_EXTRA = dict(report_split=True, eval_interval=100)
+LONG12K_SEEDS = '0,1,2,3,4'
+
+# The width study: the key pair at 3000 iterations (long3k's length and split) at widths 48 and
+# 192 beside long3k's 96, head size fixed at 24 (2 / 4 / 8 heads), so a head computes the same
+# thing at every width and only their number and the residual width grow. Each width's rate is
+# the better (selection half, seed 0) of the lr_sweep best and half of it, as the long study
+# chose; the chosen rate then runs seeds 0-4 (the grid runs twice, as long does).
+WIDTHS = {48: dict(n_embd=48, n_head=2), 192: dict(n_embd=192, n_head=8)}
+
+
+def wide_candidates():
+    """{preset: overrides}: each key-pair variant at each new width, at two rates."""
+    best = best_lrs(LONG_KEY)
+    return {f'{v}_d{w}_lr{lr_tag(lr)}': {**with_lr(VARIANTS[v], lr), **shape}
+            for w, shape in WIDTHS.items() for v in LONG_KEY for lr in (best[v], best[v] / 2)}
+
+
+def wide_choice():
+    """{(variant, width): preset} of the lower final selection-half loss of each pair of
+    seed-0 runs; None until all have finished (read from the run folders or, on a fresh clone,
+    from the committed results)."""
+    path = GRIDS / 'wide' / 'results.json'
+    committed = {r['variant']: r for r in json.loads(path.read_text())} if path.exists() else {}
+    finals = {}
+    for preset in wide_candidates():
+        log = GRIDS / 'wide' / 'runs' / preset / 'seed0' / 'log.jsonl'
+        rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
+        seed0 = [r for r in committed.get(preset, {}).get('runs', []) if r['seed'] == 0 and r['tokens']]
+        if rows and rows[-1]['iter'] >= LONG_ITERS['long3k']:
+            finals[preset] = rows[-1]['val_loss']
+        elif seed0:
+            finals[preset] = seed0[0]['val_loss']
+        else:
+            return None
+    key = lambda p: (p.split('_d')[0], int(p.split('_d')[1].split('_lr')[0]))
+    return {k: min((p for p in finals if key(p) == k), key=finals.get) for k in {key(p) for p in finals}}
+
+
+def wide_grid():
+    """Seed 0 of both rates at every new width; once chosen, the chosen rates' seeds 0-4."""
+    chosen = (wide_choice() or {}).values()
+    return {p: {**o, 'seeds': LONG12K_SEEDS if p in chosen else 1} for p, o in wide_candidates().items()}
 
 
 def long_candidates():
@@ -207,7 +262,8 @@ def long_choice():
 
 
 ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
-         'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more']
+         'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more',
+         'long12k', 'wide']
 
 
 def command(name, jobs, only=None, collect_only=False):
@@ -219,18 +275,35 @@ def command(name, jobs, only=None, collect_only=False):
     return cmd + (['--collect_only'] if collect_only else []) + [f'--{k}={v}' for k, v in extra.items()]
 
 
+def link_runs(name, root):
+    """grids/<name>/runs -> root/<name>: run folders that outlive a checkout (runs/ is not in git)."""
+    link, target = GRIDS / name / 'runs', (root / name).resolve()
+    target.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and link.resolve() == target:
+        return
+    if link.exists() or link.is_symlink():
+        sys.exit(f"{link} already exists; move its runs into {target} and remove it, or drop --runs_root")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('grid', help=f"one of {', '.join(ORDER)}, step_times (seconds per step of every variant "
-                                "under one load, into grids/main/step_times.json), or all")
+                                "under one load, into grids/main/step_times.json), a comma list of them "
+                                "(run in that order), or all")
     p.add_argument('--jobs', type=int, default=2, help='runs trained at the same time (one thread each)')
     p.add_argument('--dry_run', action='store_true', help='print the compare.py command only')
     p.add_argument('--collect_only', action='store_true', help='train nothing; summarise the finished runs')
     p.add_argument('--only', default='', help='comma list of variants to train first (the full grid collects all)')
+    p.add_argument('--runs_root', default='', help='keep the run folders in ROOT/<grid> (linked from grids/<grid>/runs), '
+                   'outside the checkout, so that a fresh checkout on the same machine resumes them')
     a = p.parse_args()
     only = [v for v in a.only.split(',') if v]
-    names = ORDER if a.grid == 'all' else [a.grid]
+    names = ORDER if a.grid == 'all' else a.grid.split(',')
     for name in names:
+        if a.runs_root and not a.dry_run:
+            link_runs(name, Path(a.runs_root))
         if name == 'step_times' or (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
             grid_args = command('every_variant', a.jobs)[2:]  # compare.py's arguments, without the script
             grid_args[grid_args.index('--out') + 1] = 'grids/main'
@@ -240,8 +313,9 @@ def main():
                 subprocess.run(step_cmd, cwd=ROOT, check=True)
             if name == 'step_times':
                 continue
-        # the long grid runs twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
-        for _ in range(2 if name == 'long' and not long_choice() and not a.dry_run else 1):
+        # the long and wide grids run twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
+        unchosen = (name == 'long' and not long_choice()) or (name == 'wide' and not wide_choice())
+        for _ in range(2 if unchosen and not a.dry_run else 1):
             cmd = command(name, a.jobs, only, a.collect_only)
             print('+', ' '.join(cmd), flush=True)
             if not a.dry_run:
