@@ -48,7 +48,7 @@ from pathlib import Path
 
 from errors import UserError
 from grid import (REFERENCE, as_args, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci, parse_args,
-                  plan, resolve, seed_text, seeds_of, tokens_text, welch_p)  # noqa: F401 (resolve: for the GPU checks)
+                  plan, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / 'train.py'
@@ -107,9 +107,62 @@ def run_env(args, gpus):
     return env
 
 
+class Children:
+    """The train.py processes this grid is running. A SIGTERM or SIGINT to compare.py (a scheduler
+    often signals only the parent) is passed on to them as SIGTERM, so each saves its checkpoint
+    and exits; no new run starts, and compare.py exits once they have (a rerun resumes them)."""
+
+    def __init__(self, grace_s=120):
+        import threading
+        self.procs, self.lock, self.grace_s = set(), threading.Lock(), grace_s
+        self.stopping = None  # the signal's name once one has arrived
+        self.timer = None
+
+    def start(self, cmd, **kw):
+        with self.lock:
+            if self.stopping:
+                return None
+            proc = subprocess.Popen(cmd, **kw)
+            self.procs.add(proc)
+        return proc
+
+    def wait(self, proc):
+        try:
+            return proc.wait()
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+
+    def on_signal(self, signum, frame):
+        import signal
+        import threading
+        first = self.stopping is None
+        self.stopping = signal.Signals(signum).name
+        with self.lock:
+            live = list(self.procs)
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        if first:  # a child that has not saved within the grace period is killed
+            self.timer = threading.Timer(self.grace_s, self.kill_rest)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def kill_rest(self):
+        with self.lock:
+            live = list(self.procs)
+        for proc in live:
+            proc.kill()
+
+
+CHILDREN = Children()
+
+
 def run_one(args, variant, seed, run_dir, state, gpus=None):
     """Run train.py to the end on the given GPUs (a CUDA_VISIBLE_DEVICES value, or None for
-    whatever is visible); stdout/stderr appended to files in run_dir. Returns rc."""
+    whatever is visible); stdout/stderr appended to files in run_dir. Returns rc, or None if
+    the grid was stopped by a signal before this run started."""
+    if CHILDREN.stopping:
+        return None
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = train_command(args, variant, seed, run_dir, state)
     with open(run_dir / 'stdout.txt', 'a') as out, open(run_dir / 'stderr.txt', 'a') as err:
@@ -117,7 +170,8 @@ def run_one(args, variant, seed, run_dir, state, gpus=None):
         header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state}{where}: {' '.join(cmd)}\n"
         out.write(header), err.write(header)
         out.flush(), err.flush()
-        return subprocess.run(cmd, cwd=ROOT, env=run_env(args, gpus), stdout=out, stderr=err).returncode
+        proc = CHILDREN.start(cmd, cwd=ROOT, env=run_env(args, gpus), stdout=out, stderr=err)
+        return None if proc is None else CHILDREN.wait(proc)
 
 
 def stderr_tail(run_dir, n=15):
@@ -213,6 +267,8 @@ def run_grid(args, variants, seeds):
         for f in as_completed(futures):
             v, s, run_dir, state = futures[f]
             rc = f.result()
+            if rc is None or CHILDREN.stopping:  # stopped by a signal: saved, to be resumed
+                continue
             ok = rc == 0 and run_state(run_dir, v['cfg']['max_iters']) == 'done'
             outcomes[v['variant'], s] = f'{state}: ' + ('ok' if ok else f'FAILED (exit {rc})')
             bar.set_postfix_str(f"{v['variant']}/seed{s} {'ok' if ok else 'FAILED'}")
@@ -308,6 +364,7 @@ def summarize(args, variants, seeds, outcomes):
             row['report_loss_mean'], row['report_loss_std'], row['report_loss_ci95'] = \
                 mean_std_ci([r['report_loss'] for r in done])
         row['delta_val_loss_vs_sa'] = row['val_loss_mean'] - float(np.mean(ref)) if ref and loss else float('nan')
+        row['delta_ci95'] = welch_ci(loss, ref) if v['variant'] != REFERENCE else float('nan')
         row['p_vs_sa'] = welch_p(loss, ref) if v['variant'] != REFERENCE else float('nan')
         row['failed'] = [{'seed': r['seed'], 'status': r['status'], 'iter': r.get('iter'),
                           'stderr_tail': r['stderr_tail']} for r in runs_by_variant[v['variant']] if r['failed']]
@@ -328,6 +385,12 @@ def fmt(x, digits=3):
     return f'{x:,}' if isinstance(x, int) else f'{x:.{digits}f}'
 
 
+def ci_text(delta, half):
+    if half is None or math.isnan(half) or math.isnan(delta):
+        return '-'
+    return f"[{delta - half:+.4f}, {delta + half:+.4f}]"
+
+
 def pfmt(p):
     return '-' if math.isnan(p) else f'{p:.3f}' if p >= 0.001 else f'{p:.1e}'
 
@@ -340,10 +403,11 @@ def markdown_table(args, rows, seeds):
     lines = [f"Matched: {matched}; tokens seen per run: "
              f"{', '.join(f'{t:,}' for t in tokens)}{' (matched)' if args.match_tokens else ''}; "
              f"seeds {seeds}; final val loss at the last iteration, mean ± std over seeds, "
-             f"95% CI from the t distribution, p from Welch's t-test of val loss vs {REFERENCE}.", '',
+             f"95% CI from the t distribution; Δ vs {REFERENCE} with its 95% CI and p from Welch's t-test "
+             f"(unequal variances).", '',
              '| variant | shape | seeds | params | MFLOPs/tok | val loss | 95% CI | val ppl | best val loss '
-             '| Δ loss vs SA | p vs SA | tokens/s | wall s |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+             '| Δ loss vs SA | Δ 95% CI | p vs SA | tokens/s | wall s |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['shape']} | {r['n_seeds']} | {fmt(r['params'], 0)} "
@@ -352,8 +416,15 @@ def markdown_table(args, rows, seeds):
             f"| [{fmt(r['val_loss_mean'] - r['val_loss_ci95'], 4)}, {fmt(r['val_loss_mean'] + r['val_loss_ci95'], 4)}] "
             f"| {fmt(r['val_ppl_mean'], 3)} ± {fmt(r['val_ppl_std'], 3)} "
             f"| {fmt(r['best_val_loss_mean'], 4)} | {'+' if r['delta_val_loss_vs_sa'] > 0 else ''}"
-            f"{fmt(r['delta_val_loss_vs_sa'], 4)} | {pfmt(r['p_vs_sa'])} "
+            f"{fmt(r['delta_val_loss_vs_sa'], 4)} | {ci_text(r['delta_val_loss_vs_sa'], r.get('delta_ci95'))} "
+            f"| {pfmt(r['p_vs_sa'])} "
             f"| {fmt(r['tokens_per_s_mean'], 0)} | {fmt(r['wall_s_mean'], 0)} |")
+    few = [r['variant'] for r in rows if 0 < r['n_seeds'] < 3]
+    if few:
+        lines += ['', f"Fewer than 3 seeds ({', '.join(few)}): one seed gives no interval, two give a t "
+                      "interval of one degree of freedom (±12.7 standard errors) and a p-value that rests on two numbers; such a row can "
+                      "show that runs finished and roughly where they ended, not that two variants differ. "
+                      "Run more seeds before reading a difference."]
     failed = [(r['variant'], f) for r in rows for f in r['failed']]
     if failed:
         lines += ['', f'FAILED or unfinished runs ({len(failed)}), left out of the statistics:']
@@ -425,6 +496,24 @@ def plot(rows, path, title=''):
 
 # -----------------------------------------------------------------------------
 
+def run_grid_until_signalled(args, variants, seeds):
+    """run_grid, with SIGTERM / SIGINT passed on to the runs (Children) while it lasts."""
+    import signal
+    import threading
+    global CHILDREN
+    CHILDREN = Children()
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return run_grid(args, variants, seeds)
+    before = {sig: signal.signal(sig, CHILDREN.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return run_grid(args, variants, seeds)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if CHILDREN.timer:
+            CHILDREN.timer.cancel()
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     seeds = args.seeds
@@ -436,7 +525,11 @@ def main(argv=None):
         dry_run(args, variants, seeds)
         return 0
     t0 = time.time()
-    outcomes = {} if args.collect_only else run_grid(args, variants, seeds)
+    outcomes = {} if args.collect_only else run_grid_until_signalled(args, variants, seeds)
+    if not args.collect_only and CHILDREN.stopping:
+        print(f"stopped by {CHILDREN.stopping}: every running train.py saved its checkpoint and exited; "
+              f"rerun the same command to continue (nothing summarised)")
+        return 0
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)
     out = Path(args.out)

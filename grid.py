@@ -92,6 +92,10 @@ def plan(args):
     for name, *pairs in args.preset or []:
         presets[name] = {k: configurator.literal(v) for k, v in (p.split('=', 1) for p in pairs)}
     own_seeds = {n: p.pop('seeds') for n, p in presets.items() if 'seeds' in p}  # not a train.py key
+    for n, own in own_seeds.items():
+        if own == 0 or own is False:  # a count of 0 plans nothing; a user who writes it means seed 0
+            raise UserError(f"--preset {n}: seeds=0 gives no runs; give a count >= 1 (seeds=3: seeds 0-2) "
+                            f"or a list (seeds=0, for seed 0 alone)")
     names = [v.strip() for v in args.variants.split(',') if v.strip()]
     unknown = [n for n in names if n not in presets]
     if unknown:
@@ -327,6 +331,20 @@ def mean_std_ci(x):
         return float(x[0]), float('nan'), float('nan')
     std = float(x.std(ddof=1))
     return float(x.mean()), std, float(stats.t.ppf(0.975, len(x) - 1) * std / math.sqrt(len(x)))
+
+
+def welch_ci(a, b):
+    """Half-width of the 95% interval of mean(a) - mean(b), Welch-Satterthwaite degrees of
+    freedom (unequal variances); nan with fewer than 2 per side."""
+    import numpy as np
+    from scipy import stats
+    if len(a) < 2 or len(b) < 2:
+        return float('nan')
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    if va + vb == 0:
+        return 0.0
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(stats.t.ppf(0.975, df) * math.sqrt(va + vb))
 
 
 def welch_p(a, b):

@@ -216,3 +216,108 @@ def test_a_preset_may_carry_its_own_seeds(tiny):
     runs = [(v['variant'], s) for v, s, _, _ in compare.grid_runs(args, variants, args.seeds)]
     assert runs == [('sa', 0), ('more', 0), ('more', 1), ('more', 2)]
     assert 'seeds' not in variants[1]['overrides'] and 'seeds' not in variants[1]['cfg']
+
+
+@pytest.mark.slow
+def test_runs_recorded_in_results_json_count_as_finished_without_their_folders(trained, tiny, capsys):
+    """A fresh clone has results.json (in git) but no runs/: rerunning the grid trains nothing
+    and writes the same numbers."""
+    out, _ = trained
+    clone = tiny / 'clone'
+    clone.mkdir()
+    (clone / 'results.json').write_text((out / 'results.json').read_text())
+    assert compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(clone))) == 0
+    assert '0 to train' in capsys.readouterr().out
+    assert not (clone / 'runs').exists()
+    before, after = (json.loads((d / 'results.json').read_text()) for d in (out, clone))
+    for a, b in zip(before, after):
+        assert [r['val_loss'] for r in a['runs']] == [r['val_loss'] for r in b['runs']]
+        assert a['val_loss_mean'] == b['val_loss_mean'] and a['curves'] == b['curves']
+
+
+@pytest.mark.slow
+def test_a_summary_with_fewer_runs_never_replaces_one_with_more(trained, tiny):
+    out, _ = trained
+    files = {p: p.read_bytes() for p in (out / 'results.json', out / 'results.md', out / 'results.csv')}
+    with pytest.raises(UserError, match=r'holds 4 finished run\(s\) this summary would drop .*max_iters 4 there, 30 asked'):
+        compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out), '--collect_only',
+                          '--max_iters=30'))
+    assert {p: p.read_bytes() for p in files} == files
+    copy = tiny / 'overwritten'
+    copy.mkdir()
+    (copy / 'results.json').write_text(files[out / 'results.json'].decode())
+    assert compare.main(argv(tiny, '--variants', 'sa', '--seeds', '2', '--out', str(copy), '--collect_only',
+                             '--max_iters=30', '--overwrite')) == 1  # asked for: nothing finished, so rc 1
+    assert json.loads((copy / 'results.json').read_text())[0]['n_seeds'] == 0
+
+
+@pytest.mark.slow
+def test_fewer_than_three_seeds_carry_a_caveat_and_the_difference_its_interval(trained):
+    out, _ = trained
+    sa, hybrid = json.loads((out / 'results.json').read_text())
+    a, b = [r['val_loss'] for r in hybrid['runs']], [r['val_loss'] for r in sa['runs']]
+    assert hybrid['delta_ci95'] == pytest.approx(grid.welch_ci(a, b)) and math.isnan(sa['delta_ci95'])
+    table = (out / 'results.md').read_text()
+    assert 'Fewer than 3 seeds (sa, hybrid)' in table and 'Δ 95% CI' in table
+
+
+def test_welch_interval_of_a_difference():
+    """The half-width is t(0.975, Welch-Satterthwaite df) x the standard error of the difference,
+    and a test at the interval's edge has p = 0.05."""
+    a, b = [1.0, 1.3, 0.9, 1.25, 1.1], [0.7, 0.95, 0.72]
+    half = grid.welch_ci(a, b)
+    va, vb = np.var(a, ddof=1) / 5, np.var(b, ddof=1) / 3
+    df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / 2)
+    assert half == pytest.approx(stats.t.ppf(0.975, df) * math.sqrt(va + vb))
+    shifted = [x - (np.mean(a) - np.mean(b) - half) for x in a]  # the interval's lower edge at 0
+    assert grid.welch_p(shifted, b) == pytest.approx(0.05, rel=1e-6)
+    assert math.isnan(grid.welch_ci([1.0], b))
+
+
+def test_a_preset_with_seeds_0_is_refused(tiny):
+    args = grid.parse_args(argv(tiny, '--variants', 'sa', '--out', str(tiny / 'zero'), '--preset', 'sa', 'seeds=0'))
+    with pytest.raises(UserError, match=r'seeds=0 gives no runs.*seeds=0, for seed 0 alone'):
+        grid.plan(args)
+
+
+def processes_mentioning(text):
+    found = []
+    for proc in Path('/proc').iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / 'cmdline').read_bytes().decode(errors='replace'):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path('/proc').is_dir(), reason='reads /proc to find surviving processes')
+def test_a_signal_to_compare_stops_its_runs_which_save_and_resume(tiny):
+    """SIGTERM to compare.py alone (as a scheduler sends it): every train.py it started saves and
+    exits, compare.py exits 0 with one line, and the same command then resumes the run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tiny / 'signalled'
+    cmd = [sys.executable, str(Path(compare.__file__)), *argv(tiny, '--variants', 'sa', '--seeds', '2', '--out', str(out),
+                                                           '--max_iters=100000', '--lr_decay_iters=100000')]
+    parent = subprocess.Popen(cmd, cwd=Path(compare.__file__).parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    ckpt = out / 'runs' / 'sa' / 'seed0' / 'ckpt.pt'
+    deadline = time.time() + 120
+    while not ckpt.exists() and time.time() < deadline and parent.poll() is None:
+        time.sleep(0.2)
+    assert ckpt.exists(), parent.communicate()[1]
+    parent.send_signal(signal.SIGTERM)
+    stdout, stderr = parent.communicate(timeout=150)
+    assert parent.returncode == 0, stderr
+    assert 'stopped by SIGTERM' in stdout and 'rerun the same command to continue' in stdout
+    assert processes_mentioning(str(out)) == []  # no train.py left behind
+    assert not (out / 'results.json').exists()  # nothing summarised from a stopped grid
+    assert 'stopped by signal at iteration' in (out / 'runs' / 'sa' / 'seed0' / 'stdout.txt').read_text()
+    args = grid.parse_args(cmd[2:])
+    states = {(v['variant'], s): state for v, s, _, state in compare.grid_runs(args, grid.plan(args), args.seeds)}
+    assert states[('sa', 0)] == 'resume'
+    assert torch.load(ckpt, weights_only=True)['iter_num'] > 0

@@ -77,14 +77,18 @@ def test_runs_share_the_gpus_one_slot_each(tiny, tmp_path, monkeypatch):
     slot, never two at once on one slot, each launched by torchrun with 2 processes."""
     calls, lock = [], threading.Lock()
 
-    def fake_run(cmd, cwd, env, stdout, stderr):
-        t0 = time.monotonic()
-        time.sleep(0.3)
-        with lock:
-            calls.append((env['CUDA_VISIBLE_DEVICES'], t0, time.monotonic(), cmd))
-        return type('Done', (), {'returncode': 0})()
+    class FakeRun:  # a train.py that takes 0.3 s
+        def __init__(self, cmd, cwd, env, stdout, stderr):
+            self.cmd, self.env = cmd, env
 
-    monkeypatch.setattr(compare.subprocess, 'run', fake_run)
+        def wait(self):
+            t0 = time.monotonic()
+            time.sleep(0.3)
+            with lock:
+                calls.append((self.env['CUDA_VISIBLE_DEVICES'], t0, time.monotonic(), self.cmd))
+            return 0
+
+    monkeypatch.setattr(compare.subprocess, 'Popen', FakeRun)
     args = args_of(tiny, '--out', str(tmp_path), '--variants', 'sa,hfa,ha_share', '--seeds', '2',
                    '--gpus', '0-3', '--nproc', '2')
     outcomes = compare.run_grid(args, grid.plan(args), args.seeds)
@@ -124,7 +128,7 @@ def test_dry_run_lists_every_run_with_command_and_budget(tiny, tmp_path, capsys)
     text = capsys.readouterr().out
     assert rc == 0 and not out.exists()  # nothing trained, nothing written
     runs = [l for l in text.splitlines() if ' seed ' in l and '[scratch]' in l]
-    assert [l.split(' [')[0] for l in runs] == [f'{v} seed {s}' for v in ('sa', 'hfa') for s in (0, 1, 2)]
+    assert [l.split(' [')[0] for l in runs] == [f'{v} seed {s}' for s in (0, 1, 2) for v in ('sa', 'hfa')]  # seed by seed
     args = args_of(tiny, '--out', str(out), '--variants', 'sa,hfa', '--seeds', '0,1,2', '--est_mfu', '0.5')
     per_variant, total = grid.grid_budget(args, grid.plan(args), args.seeds)
     commands = [l for l in text.splitlines() if 'train.py' in l]

@@ -420,7 +420,10 @@ def settle(a, b):
     order_stable = last_flip is None or last_flip <= end / 2
     tail = iters >= end * 2 / 3
     slopes = np.array([np.polyfit(iters[tail], g[tail], 1)[0] * 1000 for g in gap])
-    if len(slopes) > 1:
+    slopes[np.abs(slopes) < 1e-9] = 0.0  # a fit's rounding noise (1e-17) is no slope, and no t-test of it
+    if len(slopes) > 1 and not slopes.any():
+        p, half = 1.0, 0.0
+    elif len(slopes) > 1:
         p = float(stats.ttest_1samp(slopes, 0.0).pvalue)
         half = float(stats.t.ppf(0.975, len(slopes) - 1) * slopes.std(ddof=1) / math.sqrt(len(slopes)))
     else:
