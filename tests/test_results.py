@@ -200,3 +200,96 @@ def test_long_grids_pool_the_later_seeds(tmp_path, monkeypatch):
     (tmp_path / 'long_more' / 'results.json').write_text(json.dumps([{**later, 'iters': 3000}]))
     with pytest.raises(AssertionError, match='iters'):
         grid_report.long_grids()
+
+
+# the scale study: the key pair longer (12,000 iterations) and wider (widths 48, 96, 192)
+
+def _scale_row(preset, finals_by_seed, iters=(0, 1000, 2000, 3000), params=1000, flops=1e6):
+    row = _long_row(preset.rsplit('_lr', 1)[0], finals_by_seed, iters=iters)
+    for run in row['runs']:
+        run.update(val_loss=run['report_loss'] + 0.05, tokens=1)  # selection half: a little above the report half
+    return {**row, 'variant': preset, 'n_seeds': len(finals_by_seed), 'seeds': sorted(finals_by_seed),
+            'params': params, 'flops_per_token': flops, 'iters': iters[-1], 'tokens': 1, 'tokens_per_iter': 1,
+            'overrides': {}}
+
+
+def _write_grids(root, grids):
+    for name, rows in grids.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name / 'results.json').write_text(json.dumps(rows))
+
+
+def test_width_slope_is_a_per_seed_fit_against_log_width(tmp_path, monkeypatch):
+    """Seed s's gap grows by k_s per doubling of width: the slopes are k_s, their mean is tested."""
+    k = {0: -0.010, 1: -0.012, 2: -0.008}
+    widths = {}
+    for i, w in enumerate((48, 96, 192)):
+        widths[w] = {'ha_share_w': _scale_row('ha_share_w_lr8e-3', {s: 1.6 + 0.01 * s + k[s] * (i - 1) for s in k}),
+                     'sa_w16': _scale_row('sa_w16_lr4e-3', {s: 1.6 for s in k})}
+    seeds, slopes, mean, half, p = grid_report.width_slope(widths)
+    assert seeds == [0, 1, 2] and slopes == pytest.approx([k[0], k[1], k[2]])
+    assert mean == pytest.approx(-0.010) and p == pytest.approx(stats.ttest_1samp(list(k.values()), 0.0).pvalue)
+    del widths[192]
+    assert grid_report.width_slope(widths)[0] == []  # two widths: no slope is claimed
+
+
+def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():
+    """HA at 1000 iterations costs 2x SA per iteration: SA's equal-cost loss is interpolated at
+    2000 iterations between its 1000- and 3000-iteration runs; past 3000 nothing is claimed."""
+    lengths = {n: {'ha_share_w': _scale_row('ha_share_w_lr8e-3', {0: 1.70, 1: 1.72}),
+                   'sa_w16': _scale_row('sa_w16_lr4e-3', sa)}
+               for n, sa in ((1000, {0: 1.80, 1: 1.82}), (3000, {0: 1.60, 1: 1.64}))}
+    (n1, m1, seeds, mean, half), (n3, m3, none, *_) = grid_report.equal_cost_gaps(lengths, {'ha_share_w': 2.0, 'sa_w16': 1.0})
+    t = math.log(2) / math.log(3)
+    expect = [1.70 - ((1 - t) * 1.80 + t * 1.60), 1.72 - ((1 - t) * 1.82 + t * 1.64)]
+    assert (n1, m1, seeds) == (1000, 2000, [0, 1]) and mean == pytest.approx(np.mean(expect))
+    assert (n3, m3, none) == (3000, 6000, [])
+
+
+def test_scale_study_pairs_the_chosen_rates_and_leaves_the_edge_checks_out(tmp_path, monkeypatch):
+    """long12k's half-rate runs (seed 0) and the width grid's unchosen rates are reported in the
+    rate table only; the pair at 12,000 iterations and at each width is the chosen rates'."""
+    five = {s: 1.5 + 0.01 * s for s in range(5)}
+    _write_grids(tmp_path, {
+        'long3k': [_scale_row('ha_share_w_lr8e-3', five), _scale_row('sa_w16_lr4e-3', {s: x + 0.02 for s, x in five.items()})],
+        'long12k': [_scale_row('sa_w16_lr4e-3', {s: x + 0.03 for s, x in five.items()}),
+                    _scale_row('ha_share_w_lr8e-3', five),
+                    _scale_row('sa_w16_lr2e-3', {0: 1.60}), _scale_row('ha_share_w_lr4e-3', {0: 1.40})],
+        'wide': [_scale_row('ha_share_w_d48_lr1.6e-2', {0: 1.70}), _scale_row('ha_share_w_d48_lr8e-3', five),
+                 _scale_row('sa_w16_d48_lr8e-3', {s: x + 0.01 for s, x in five.items()}), _scale_row('sa_w16_d48_lr4e-3', {0: 1.9})]})
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    lengths, widths = grid_report.key_pair_lengths(), grid_report.key_pair_widths()
+    assert sorted(lengths) == [3000, 12000]
+    assert {v: r['variant'] for v, r in lengths[12000].items()} == {'ha_share_w': 'ha_share_w_lr8e-3', 'sa_w16': 'sa_w16_lr4e-3'}
+    assert {w: sorted(r['variant'] for r in rows.values()) for w, rows in widths.items()} == {
+        48: ['ha_share_w_d48_lr8e-3', 'sa_w16_d48_lr8e-3'], 96: ['ha_share_w_lr8e-3', 'sa_w16_lr4e-3']}
+    rates = grid_report.scale_rates_table()
+    assert '| 12,000 its | `ha_share_w` | 8e-3 | 1.5500 | 4e-3 | 1.4500 | 4e-3 (half: the chosen rate is at an edge' in rates
+    assert '| width 48 | `sa_w16` | 8e-3 | 1.5600 | 4e-3 | 1.9500 | 8e-3 |' in rates
+    family = grid_report.scale_family(lengths, widths)
+    assert [c[0] for c in family] == ['gap at 12,000 iterations', 'gap at width 48 (3,000 its)']
+    assert family[0][2] == pytest.approx(-0.03)
+
+
+def test_scale_grids_train_the_chosen_rates_five_seeds_and_check_the_edges(tmp_path, monkeypatch):
+    """long12k: the 6,000-iteration study's chosen rates on seeds 0-4, and seed 0 at half of each;
+    wide: seed 0 at two rates per width (head size 24), then the lower one's five seeds."""
+    from tools import cpu_grids
+    for name in ('lr_sweep', 'long'):
+        _write_grids(tmp_path, {name: json.loads((ROOT / 'grids' / name / 'results.json').read_text())})
+    monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
+    variants, seeds, extra = cpu_grids.grid('long12k')
+    chosen = cpu_grids.long_choice()
+    assert {p: o['seeds'] for p, o in variants.items()} == {
+        chosen['sa_w16']: '0,1,2,3,4', chosen['ha_share_w']: '0,1,2,3,4', 'sa_w16_lr2e-3': 1, 'ha_share_w_lr4e-3': 1}
+    assert variants[chosen['ha_share_w']]['learning_rate'] == 2 * variants['ha_share_w_lr4e-3']['learning_rate']
+    assert extra['max_iters'] == extra['lr_decay_iters'] == 12000 and extra['report_split']
+    wide, _, extra = cpu_grids.grid('wide')
+    assert len(wide) == 8 and all(o['seeds'] == 1 for o in wide.values()) and extra['max_iters'] == 3000
+    assert {(o['n_embd'], o['n_head']) for o in wide.values()} == {(48, 2), (192, 8)}
+    assert all(o['n_embd'] // o['n_head'] == 24 for o in wide.values())
+    rows = [_scale_row(p, {0: 1.5 + 0.1 * ('lr1.6e-2' in p or 'sa_w16_d' in p and 'lr8e-3' in p)}) for p in wide]
+    _write_grids(tmp_path, {'wide': rows})
+    wide, _, _ = cpu_grids.grid('wide')
+    assert sorted(p for p, o in wide.items() if o['seeds'] == '0,1,2,3,4') == [
+        'ha_share_w_d192_lr8e-3', 'ha_share_w_d48_lr8e-3', 'sa_w16_d192_lr4e-3', 'sa_w16_d48_lr4e-3']

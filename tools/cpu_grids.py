@@ -19,6 +19,13 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   seconds per step come from bench.py --step_times (grids/main/step_times.json), measured
   with every variant under the same load.
 - milton, bpe: main's learning rates, on a second corpus and on GPT-2 tokens.
+- long, long3k, long1k (and *_more: seeds 3-4): the long study (below).
+- long12k, wide: the scale study: the long study's key pair at 12,000 iterations, and at widths
+  48 and 192 for 3,000 iterations. Hours of CPU: `--runs_root DIR` keeps the run folders outside
+  the checkout, so a new checkout on the same machine resumes them; finished runs are also
+  recorded in the committed results.json, which compare.py reads as finished on a fresh clone:
+      nice -n 19 python tools/cpu_grids.py long12k,wide --jobs 2 --runs_root ~/nanohfa-runs
+      python tools/cpu_grids.py long12k --collect_only    # the results so far (never fewer runs)
 `python tools/grid_report.py` turns the results into RESULTS.md's tables and figures.
 """
 

@@ -602,6 +602,276 @@ def long_trend_table(grids):
     return '\n'.join(lines)
 
 
+# the scale study: the key pair trained longer (12,000 iterations) and wider (widths 48 and 192
+# beside long3k's 96, head size 24), same split, seeds paired as in the long study
+
+LENGTHS = {'long1k': 1000, 'long3k': 3000, 'long': 6000, 'long12k': 12000}
+WIDTHS = (48, 96, 192)
+
+
+def key_pair_lengths():
+    """{iterations: {variant: row}} of the key pair at every schedule length (chosen rates)."""
+    out = {n: {v: r for v, r in rows.items() if v in KEY_PAIR} for n, rows in long_grids().items()}
+    rows = load('long12k') or {}
+    chosen = {v.rsplit('_lr', 1)[0]: r for v, r in rows.items() if r['runs'] and r.get('n_seeds', 0) and
+              not is_half_rate(v, rows)}
+    if chosen:
+        out[12000] = chosen
+    return {n: rows for n, rows in out.items() if rows}
+
+
+def is_half_rate(preset, rows):
+    """A long12k preset at half the rate of another preset of the same variant (the edge check)."""
+    v, lr = preset.rsplit('_lr', 1)
+    return any(p.rsplit('_lr', 1)[0] == v and math.isclose(float(p.rsplit('_lr', 1)[1]), 2 * float(lr)) for p in rows)
+
+
+def key_pair_widths():
+    """{width: {variant: row}}: long3k's pair at width 96, the width grid's chosen rates at 48 and 192
+    (the rate with the lower seed-0 selection-half loss; the other rate's row is left out)."""
+    out = {}
+    longs = long_grids()
+    if 3000 in longs:
+        out[96] = {v: r for v, r in longs[3000].items() if v in KEY_PAIR}
+    for (v, w), preset in (wide_chosen() or {}).items():
+        out.setdefault(w, {})[v] = load('wide')[preset]
+    return {w: out[w] for w in sorted(out)}
+
+
+def wide_presets():
+    """{(variant, width): [(rate, row)]} of the width grid."""
+    out = {}
+    for p, r in (load('wide') or {}).items():
+        v, rest = p.split('_d', 1)
+        w, lr = rest.split('_lr')
+        out.setdefault((v, int(w)), []).append((lr, r))
+    return out
+
+
+def seed0_loss(row):
+    run = next((x for x in row['runs'] if x['seed'] == 0), None)
+    return None if run is None else run['val_loss']
+
+
+def wide_chosen():
+    """{(variant, width): preset} once both rates' seed-0 runs have finished."""
+    chosen = {}
+    for key, cands in wide_presets().items():
+        if len(cands) < 2 or any(seed0_loss(r) is None for _, r in cands):
+            continue
+        chosen[key] = min(cands, key=lambda c: seed0_loss(c[1]))[1]['variant']
+    return chosen
+
+
+def scale_rates_table():
+    """The rate checks of the scale study (seed 0, selection half only): at 12,000 iterations each
+    variant's chosen rate (from the 6,000-iteration study) against half of it; at each new width,
+    the lr_sweep best against half of it, the lower chosen."""
+    lines = ['| study | variant | rate | selection-half loss, seed 0 | rate | selection-half loss, seed 0 | lower |',
+             '|---|---|---|---|---|---|---|']
+    rows12 = load('long12k') or {}
+    for v in KEY_PAIR[::-1]:
+        cands = sorted(((p.rsplit('_lr', 1)[1], seed0_loss(r)) for p, r in rows12.items() if p.rsplit('_lr', 1)[0] == v),
+                       key=lambda c: -float(c[0]))
+        if len(cands) == 2 and None not in (cands[0][1], cands[1][1]):
+            low = min(cands, key=lambda c: c[1])[0]
+            lines.append(f"| 12,000 its | `{v}` | {cands[0][0]} | {cands[0][1]:.4f} | {cands[1][0]} | {cands[1][1]:.4f} "
+                         f"| {low}{' (half: the chosen rate is at an edge at this length)' if low == cands[1][0] else ''} |")
+    for (v, w), cands in sorted(wide_presets().items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        cands = sorted(cands, key=lambda c: -float(c[0]))
+        if len(cands) == 2 and all(seed0_loss(r) is not None for _, r in cands):
+            low = min(cands, key=lambda c: seed0_loss(c[1]))[0]
+            lines.append(f"| width {w} | `{v}` | {cands[0][0]} | {seed0_loss(cands[0][1]):.4f} | {cands[1][0]} "
+                         f"| {seed0_loss(cands[1][1]):.4f} | {low} |")
+    return '\n'.join(lines)
+
+
+def width_slope(widths):
+    """The key pair's paired gap (report half) against log2 width, seed by seed: each seed with a
+    run at every width gets a least-squares slope; the seeds' slopes are tested against zero.
+    Returns (seeds, slopes per doubling of width, mean, 95% half-width, p)."""
+    from scipy import stats
+    a, b = KEY_PAIR
+    per_width = {w: dict(zip(*paired(rows[a], rows[b])[:2])) for w, rows in widths.items() if a in rows and b in rows}
+    if len(per_width) < 3:
+        return [], np.array([]), float('nan'), float('nan'), float('nan')
+    seeds = sorted(set.intersection(*(set(d) for d in per_width.values())))
+    x = np.log2(list(per_width))
+    slopes = np.array([np.polyfit(x, [per_width[w][s] for w in per_width], 1)[0] for s in seeds])
+    if len(slopes) < 2:
+        return seeds, slopes, float(slopes.mean()) if len(slopes) else float('nan'), float('nan'), float('nan')
+    half = stats.t.ppf(0.975, len(slopes) - 1) * slopes.std(ddof=1) / math.sqrt(len(slopes))
+    return seeds, slopes, float(slopes.mean()), float(half), float(stats.ttest_1samp(slopes, 0.0).pvalue)
+
+
+def scale_family(lengths, widths):
+    """The scale study's family of claims, Holm-adjusted together: the key pair at 12,000
+    iterations, at widths 48 and 192, and the slope of its gap against log width.
+    [(claim, seeds, mean, half, p, p_holm)]"""
+    a, b = KEY_PAIR
+    family = []
+    if 12000 in lengths and a in lengths[12000] and b in lengths[12000]:
+        seeds, _, mean, half, p = paired(lengths[12000][a], lengths[12000][b])
+        family.append(('gap at 12,000 iterations', seeds, mean, half, p))
+    for w in (48, 192):
+        if w in widths and a in widths[w] and b in widths[w]:
+            seeds, _, mean, half, p = paired(widths[w][a], widths[w][b])
+            family.append((f'gap at width {w} (3,000 its)', seeds, mean, half, p))
+    seeds, _, mean, half, p = width_slope(widths)
+    if seeds:
+        family.append(('slope of the gap per doubling of width', seeds, mean, half, p))
+    usable = [i for i, c in enumerate(family) if not math.isnan(c[4])]
+    adjusted = holm([family[i][4] for i in usable])
+    adj = {i: a for i, a in zip(usable, adjusted)}
+    return [(*c, adj.get(i, float('nan'))) for i, c in enumerate(family)]
+
+
+def scale_family_table(lengths, widths):
+    lines = ['| claim | seeds | Δ (HA - SA w16), paired | 95% CI | p | p, Holm (this family) |', '|---|---|---|---|---|---|']
+    for claim, seeds, mean, half, p, adj in scale_family(lengths, widths):
+        lines.append(f'| {claim} | {len(seeds)} | {mean:+.4f} | [{mean - half:+.4f}, {mean + half:+.4f}] | {fmt_p(p)} '
+                     f'| {fmt_p(adj)}{" *" if adj < 0.05 else ""} |')
+    return '\n'.join(lines)
+
+
+def length_gap_table(lengths):
+    """The key pair's final gap (report half) at every schedule length, with the settle rule."""
+    a, b = KEY_PAIR
+    lines = [f'| iterations | seeds | `{a}` | `{b}` | Δ, paired [95% CI] | `{a}` better in | settle (selection half) |',
+             '|---|---|---|---|---|---|---|']
+    for n, rows in sorted(lengths.items()):
+        if a not in rows or b not in rows:
+            continue
+        seeds, d, mean, half, _ = paired(rows[a], rows[b])
+        fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
+        verdict = settle(rows[a], rows[b])['verdict'] if len(seeds) >= 2 else 'one seed: no rule'
+        lines.append(f'| {n:,} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} | {mean:+.4f} '
+                     f'[{mean - half:+.4f}, {mean + half:+.4f}] | {int((d < 0).sum())} of {len(d)} | {verdict} |')
+    return '\n'.join(lines)
+
+
+def width_gap_table(widths):
+    """The key pair at every width after 3,000 iterations: size, cost, rate and the final gap."""
+    a, b = KEY_PAIR
+    lines = ['| width | heads | params (HA = SA w16) | MFLOPs/tok HA, SA | rates HA, SA | seeds | HA loss | SA w16 loss '
+             '| Δ, paired [95% CI] | HA better in | settle (selection half) |', '|---|---|---|---|---|---|---|---|---|---|---|']
+    for w, rows in widths.items():
+        if a not in rows or b not in rows:
+            continue
+        seeds, d, mean, half, _ = paired(rows[a], rows[b])
+        fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
+        verdict = settle(rows[a], rows[b])['verdict'] if len(seeds) >= 2 else 'one seed: no rule'
+        lines.append(f"| {w} | {w // 24} | {rows[a]['params']:,} | {rows[a]['flops_per_token'] / 1e6:.2f}, "
+                     f"{rows[b]['flops_per_token'] / 1e6:.2f} | {rows[a]['variant'].rsplit('_lr', 1)[1]}, "
+                     f"{rows[b]['variant'].rsplit('_lr', 1)[1]} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} "
+                     f"| {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] | {int((d < 0).sum())} of {len(d)} | {verdict} |")
+    return '\n'.join(lines)
+
+
+def equal_cost_gaps(lengths, cost):
+    """HA at N iterations against SA at N * cost[HA] / cost[SA] iterations (equal FLOPs or equal
+    CPU time), SA's report-half loss interpolated seed by seed, linearly in log iterations,
+    between its own-schedule runs; None where that length lies outside SA's measured lengths.
+    [(N, SA's equal-cost iterations, seeds, mean gap, half-width)]"""
+    from scipy import stats
+    a, b = KEY_PAIR
+    sa_lengths = sorted(n for n, rows in lengths.items() if b in rows)
+    out = []
+    for n, rows in sorted(lengths.items()):
+        if a not in rows:
+            continue
+        m = n * cost[a] / cost[b]
+        if not sa_lengths or not sa_lengths[0] <= m <= sa_lengths[-1]:
+            out.append((n, m, [], float('nan'), float('nan')))
+            continue
+        hi = next(k for k in sa_lengths if k >= m)
+        lo = max(k for k in sa_lengths if k <= m)
+        fa, flo, fhi = report_finals(rows[a]), report_finals(lengths[lo][b]), report_finals(lengths[hi][b])
+        seeds = sorted(set(fa) & set(flo) & set(fhi))
+        t = 0.0 if hi == lo else (math.log(m) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        d = np.array([fa[s] - ((1 - t) * flo[s] + t * fhi[s]) for s in seeds])
+        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)) if len(d) >= 2 else float('nan')
+        out.append((n, m, seeds, float(d.mean()) if len(d) else float('nan'), float(half)))
+    return out
+
+
+def equal_cost_table(lengths):
+    """The key pair at equal tokens, equal training FLOPs and equal CPU seconds."""
+    a, b = KEY_PAIR
+    any_row = lambda v: next(rows[v] for rows in lengths.values() if v in rows)
+    costs = {'FLOPs': {v: any_row(v)['flops_per_token'] for v in KEY_PAIR}}
+    st = GRIDS / 'main' / 'step_times.json'
+    if st.exists():
+        costs['CPU time'] = json.loads(st.read_text())['seconds_per_step']
+    lines = ['| HA iterations | Δ at equal tokens [95% CI] | ' + ' | '.join(f'SA its at equal {k} | Δ at equal {k} [95% CI]'
+                                                                          for k in costs) + ' |',
+             '|---|---|' + '---|---|' * len(costs)]
+    tables = {k: {n: (m, s, mean, half) for n, m, s, mean, half in equal_cost_gaps(lengths, c)} for k, c in costs.items()}
+    for n, rows in sorted(lengths.items()):
+        if a not in rows or b not in rows:
+            continue
+        _, _, mean, half, _ = paired(rows[a], rows[b])
+        cells = []
+        for k in costs:
+            m, seeds, dm, dh = tables[k][n]
+            cells += [f'{m:,.0f}', f'{dm:+.4f} [{dm - dh:+.4f}, {dm + dh:+.4f}] ({len(seeds)} seeds)' if seeds
+                      else 'outside the measured lengths']
+        lines.append(f'| {n:,} | {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def plot_scale(lengths, widths):
+    """Two figures: the key pair's selection-half gap against iteration for every schedule length
+    (mean and 95% t-interval over seeds), and the final report-half gap against width."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from scipy import stats
+    a, b = KEY_PAIR
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (n, rows) in enumerate(sorted(lengths.items())):
+        if a not in rows or b not in rows:
+            continue
+        iters, gap = gap_curves(rows[a], rows[b])
+        mean = gap.mean(0)
+        ax.plot(iters, mean, color=f'C{i}', lw=1.4, label=f'{n:,}-iteration schedule (n={len(gap)})')
+        if len(gap) >= 2:
+            half = stats.t.ppf(0.975, len(gap) - 1) * gap.std(0, ddof=1) / math.sqrt(len(gap))
+            ax.fill_between(iters, mean - half, mean + half, color=f'C{i}', alpha=0.15)
+    ax.axhline(0, color='k', lw=0.8)
+    ax.set_xscale('log')
+    ax.set_ylim(-0.06, 0.06)
+    ax.set_xlabel('iteration (log scale)')
+    ax.set_ylabel('HA shared - SA window 16 (nats/char)')
+    ax.set_title('gap on the selection half, mean and 95% CI over seeds; below 0: HA lower')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(ASSETS / 'grid_gap_lengths.png', dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    ws, means, halves, ns = [], [], [], []
+    for w, rows in widths.items():
+        if a in rows and b in rows:
+            seeds, d, mean, half, _ = paired(rows[a], rows[b])
+            ws.append(w), means.append(mean), halves.append(0 if math.isnan(half) else half), ns.append(len(seeds))
+            ax.scatter([w] * len(d), d, color='C0', alpha=0.35, s=14)
+    ax.errorbar(ws, means, yerr=halves, fmt='o-', color='C3', capsize=4, label='mean, 95% CI (paired by seed)')
+    for w, m, n in zip(ws, means, ns):
+        ax.annotate(f'n={n}', (w, m), textcoords='offset points', xytext=(6, 6), fontsize=8)
+    ax.axhline(0, color='k', lw=0.8)
+    ax.set_xscale('log', base=2)
+    ax.set_xticks(ws, [str(w) for w in ws])
+    ax.set_xlabel('width (head size 24; heads = width / 24)')
+    ax.set_ylabel('HA shared - SA window 16, report half')
+    ax.set_title('final gap after 3,000 iterations against width')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(ASSETS / 'grid_gap_width.png', dpi=100)
+    plt.close(fig)
+
+
 # -----------------------------------------------------------------------------
 # figures
 
@@ -705,10 +975,19 @@ def sections(draw=False):
         out['long_pairs'] = long_pairs_table(longs)
         out['long_settle'] = long_settle_table(longs)
         out['long_trend'] = long_trend_table(longs)
+    lengths, widths = key_pair_lengths(), key_pair_widths()
+    if 12000 in lengths or len(widths) > 1:
+        out['scale_rates'] = scale_rates_table()
+        out['scale_family'] = scale_family_table(lengths, widths)
+        out['scale_lengths'] = length_gap_table(lengths)
+        out['scale_widths'] = width_gap_table(widths)
+        out['scale_cost'] = equal_cost_table(lengths)
     if draw:
         figures(grids)
         if longs.get(LONG_ITERS):
             plot_long(longs)
+        if 12000 in lengths or len(widths) > 1:
+            plot_scale(lengths, widths)
     return out
 
 
