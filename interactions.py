@@ -632,6 +632,11 @@ def main(argv=None):
     o = configurator.load(settings.defaults(settings.INTERACTIONS), sys.argv[1:] if argv is None else argv,
                           configurator.help_text(settings.INTERACTIONS, 'interactions.py', __doc__))
     settings.check(settings.INTERACTIONS, o)
+    if o['init_from'] == 'resume':  # several checkpoints (seeds of one variant): what recurs across them
+        import interactions_seeds
+        dirs = interactions_seeds.checkpoint_dirs(o['out_dir'])
+        if dirs:
+            return interactions_seeds.main(o, dirs)
     sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):

@@ -120,7 +120,8 @@ SAMPLE = {
 
 INTERACTIONS = {
     '': {
-        'out_dir': S('out', "the training run whose ckpt.pt to read"),
+        'out_dir': S('out', "the training run whose ckpt.pt to read; several (a,b,c or a glob: seeds of one "
+                            "variant) to match heads across them and report what recurs"),
         'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a "
                                  "Hugging Face GPT-2 folder"),
         'layer': S(0, "which layer's heads to read (0: the first, read exactly in the token basis)", '>= 0'),
