@@ -529,15 +529,18 @@ def offset_figure(profiles, heads, layer, name, path):
 # -----------------------------------------------------------------------------
 # loading
 
-def load_source(out_dir, init_from):
+def load_source(out_dir, init_from, meta=''):
     """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles); the
-    checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them."""
+    checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them, and a
+    checkpoint's tokens as sample.py reads them (meta: --meta, for a checkpoint that carries none)."""
     import runtime
     from model import GPTConfig
     if runtime.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
-        ckpt = runtime.load_checkpoint(Path(out_dir) / 'ckpt.pt', "train first (python train.py ...) or set --out_dir")
+        path = Path(out_dir) / 'ckpt.pt'
+        ckpt = runtime.load_checkpoint(path, "train first (python train.py ...) or set --out_dir")
         cfg = GPTConfig.from_dict(ckpt['model_args'])
-        return ckpt['model'], cfg, ckpt.get('tokenizer') or {}, ckpt.get('dataset'), Path(out_dir).name
+        labels = runtime.checkpoint_meta(ckpt, path, meta, gpt2_fallback=False) or {}  # none found: ids as numbers
+        return ckpt['model'], cfg, labels, ckpt.get('dataset'), Path(out_dir).name
     model = runtime.load_gpt2(init_from)
     return model.state_dict(), model.config, {'tokenizer': 'gpt2'}, None, Path(init_from).name
 
@@ -632,7 +635,7 @@ def main(argv=None):
     o = configurator.load(settings.defaults(settings.INTERACTIONS), sys.argv[1:] if argv is None else argv,
                           configurator.help_text(settings.INTERACTIONS, 'interactions.py', __doc__))
     settings.check(settings.INTERACTIONS, o)
-    sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'])
+    sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'], o['meta'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):
         raise UserError(f"layer={o['layer']} but the model has {len(kinds)} layers (0..{len(kinds) - 1})")

@@ -191,8 +191,12 @@ if ckpt is not None:
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
 elif start_kind == 'gpt2':  # GPT-2 weights (nanoGPT's finetune and eval configs)
     if meta.get('tokenizer') != 'gpt2':
+        corpus = data_path.name.removesuffix('_char')  # the embedded corpora: <corpus>_char and <corpus> (GPT-2)
+        fix = (f"python prepare_shakespeare.py --only=gpt2{f' --corpus={corpus}' * (corpus != 'shakespeare')} "
+               f"and train with --dataset={corpus}" if data_path.name.endswith('_char') and corpus in data.GUTENBERG
+               else f"python prepare_openwebtext.py --source=... --tokenizer=gpt2 --name={data_path.name}_gpt2")
         raise UserError(f"init_from={init_from!r} needs GPT-2 tokens, but {data_path} was prepared with the "
-                        f"{meta.get('tokenizer')!r} tokenizer; prepare it with --tokenizer=gpt2")
+                        f"{meta.get('tokenizer')!r} tokenizer; prepare GPT-2 tokens: {fix}")
     weights = runtime.load_gpt2(init_from, dropout)
     refuse_architecture_changes(f"the GPT-2 weights {init_from!r}", asdict(weights.config))
     model_args = asdict(weights.config)
@@ -362,7 +366,11 @@ def write_failed(e, what):
     kept = (f"the last good checkpoint {ckpt_path} (iteration {saved_iter}) is untouched; free some space and "
             f"continue with --init_from=resume" if saved_iter is not None else
             "no checkpoint of this run had been saved yet; free some space and start again")
-    return UserError(f"could not write {what} ({getattr(e, 'strerror', None) or e}); {kept}")
+    # torch's zip writer reports a failed write as its own RuntimeError ("unexpected pos ...");
+    # the OSError behind it (ENOSPC on a full disk) is what the user needs to read
+    cause = next((c for c in (e, e.__context__, e.__cause__) if isinstance(c, OSError)), None)
+    reason = getattr(cause, 'strerror', None) or str(cause or e)  # ENOSPC: "No space left on device"
+    return UserError(f"could not write {what} ({reason}); {kept}")
 
 
 def save_checkpoint():
