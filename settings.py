@@ -94,7 +94,9 @@ TRAIN = {
         'seed': S(1337, "seeds model init, data order and dropout"),
         'skip_nonfinite': S(False, "skip (and count) steps with a NaN/inf loss or gradient (a sync per step)"),
         'peak_flops': S(0.0, "MFU denominator, FLOP/s per device; 0: hardware.py (CUDA table, else measured "
-                             "once per machine and cached)", '>= 0'),
+                             "with the run's threads and cached)", '>= 0'),
+        'threads': S(0, "CPU threads per process (0: torch's default, a thread per core; DDP on CPU: the "
+                        "cores shared out)", '>= 0'),
     },
 }
 

@@ -105,6 +105,8 @@ if ddp and device.startswith('cuda'):
     torch.cuda.set_device(device)
 elif ddp:  # CPU processes share the cores
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get('LOCAL_WORLD_SIZE', world_size))))
+if threads:
+    torch.set_num_threads(threads)
 master = rank == 0
 accum = gradient_accumulation_steps // world_size  # micro-steps per process
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
@@ -280,6 +282,9 @@ if master:
     # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
     peak, peak_source = hardware.peak_flops(device, peak_flops, cached=True)
     print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
+    busy = device_type == 'cpu' and hardware.busy_cores_notice(torch.get_num_threads())
+    if busy:
+        print(busy)
     step_s = flops_per_token * tokens_per_iter / (peak * world_size)  # at 100% MFU: a lower bound
     if device_type != 'cuda' and step_s > 10 and not eval_only:
         print(f"note: {n_params / 1e6:.0f}M parameters x {tokens_per_iter:,} tokens per iteration is a GPU-sized run: "
@@ -481,7 +486,24 @@ del ckpt
 
 
 def mfu(tokens_per_s):
-    return flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
+    """Model FLOPs utilisation, never above 100%. Past it, a measured peak was measured under a
+    heavier load than now: it is measured again (and cached); a given or tabled one is clamped."""
+    global peak, peak_source, mfu_clamped
+    value = flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
+    if value is not None and value > 1:
+        if peak_source.startswith(f'{device}: fp32 matmul measured') and device_type != 'cuda':
+            peak, peak_source = hardware.remeasured_peak(device, flops_per_token * tokens_per_s / world_size)
+            print(f"note: MFU {value:.0%} against the cached peak; MFU now against {peak / 1e12:.3g} TFLOP/s "
+                  f"({peak_source})")
+        elif not mfu_clamped:
+            print(f"note: MFU {value:.0%} against {peak / 1e12:.3g} TFLOP/s ({peak_source}): that peak is too low; "
+                  f"MFU is shown as at most 100%")
+            mfu_clamped = True
+        value = min(1.0, flops_per_token * tokens_per_s / (peak * world_size))
+    return value
+
+
+mfu_clamped = False  # the note on a clamped MFU is printed once
 
 
 def sync():
