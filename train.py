@@ -282,7 +282,7 @@ if master:
     # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
     peak, peak_source = hardware.peak_flops(device, peak_flops, cached=True)
     print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
-    busy = device_type == 'cpu' and hardware.busy_cores_notice(torch.get_num_threads())
+    busy = device_type == 'cpu' and not ddp and hardware.busy_cores_notice(torch.get_num_threads())
     if busy:
         print(busy)
     step_s = flops_per_token * tokens_per_iter / (peak * world_size)  # at 100% MFU: a lower bound
