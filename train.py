@@ -491,7 +491,7 @@ def mfu(tokens_per_s):
     global peak, peak_source, mfu_clamped
     value = flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
     if value is not None and value > 1:
-        if peak_source.startswith(f'{device}: fp32 matmul measured') and device_type != 'cuda':
+        if device_type != 'cuda' and not peak_flops:  # hardware.cached_peak's measurement
             peak, peak_source = hardware.remeasured_peak(device, flops_per_token * tokens_per_s / world_size)
             print(f"note: MFU {value:.0%} against the cached peak; MFU now against {peak / 1e12:.3g} TFLOP/s "
                   f"({peak_source})")
