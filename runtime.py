@@ -136,7 +136,9 @@ def checkpoint_meta(ckpt, path, given='', gpt2_fallback=True):
                       else "GPT-2's tokenizer (the default, since the checkpoint names no dataset)")
     kind, size = meta.get('tokenizer'), meta['vocab_size']
     fits = vocab >= size if kind == 'gpt2' else vocab == size
-    if own and own.get('itos') and (own.get('tokenizer') != kind or own['itos'] != tok_itos(meta)):
+    if own and own.get('tokenizer') != kind:
+        have = f"the {kind!r} tokenizer, not the {own.get('tokenizer')!r} one it was trained with"
+    elif own and own.get('itos') and own['itos'] != tok_itos(meta):
         have = f"other characters than the {len(own['itos'])} it was trained on"
     elif not fits:
         have = f"{size:,} {'characters' if kind == 'char' else 'tokens'}"
