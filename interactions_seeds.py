@@ -161,7 +161,7 @@ def stability_lines(report, names):
 def main(o, dirs):
     """interactions.py over several checkpoints of one variant: read each, match, report."""
     import interactions as ia
-    loaded = [ia.load_source(d, 'resume') for d in dirs]
+    loaded = [ia.load_source(d, 'resume', o['meta']) for d in dirs]
     cfg0 = loaded[0][1]
     same = [k for k in cfg0.__dataclass_fields__ if k not in ('dropout',)]
     for d, (_, cfg, *_rest) in zip(dirs[1:], loaded[1:]):
