@@ -1,7 +1,8 @@
 """
 PyTorch stand-ins for the Triton entry points, same signatures and results: what
-kernel='auto' runs when a Triton kernel fails to compile or launch on the user's GPU
-(another triton version, too little shared memory). HA uses the blockwise PyTorch kernel
+kernel='auto' runs for a configuration whose Triton kernel failed to compile or launch on
+the user's GPU (another triton version, too little shared memory) or disagreed with
+PyTorch in its first-use self-check (guard.py). HA uses the blockwise PyTorch kernel
 (ha/pytorch.py); HFA and linear attention their definitions (naive.py), which materialise
 the (Tq, Tk) scores as the model's own PyTorch path does, differentiated by autograd in float32.
 """
