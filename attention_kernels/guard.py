@@ -98,13 +98,17 @@ def wrong_output(out, ref, xs, sdpa_qkv, geometry):
     return _worst([('out', out, want)], sdpa_qkv, geometry, None)
 
 
-def wrong_grads(grads, names, ref, xs, dout, sdpa_qkv, geometry):
-    """The backward's self-check: the kernel's gradients (sliced as xs) against those of
-    ref(*xs) in float64 for the output gradient dout."""
-    with torch.enable_grad():
-        x64 = [x.detach().double().requires_grad_() for x in xs]
-        want = torch.autograd.grad(ref(*x64), x64, dout.double())
+def wrong_grads(grads, names, want, dout, sdpa_qkv, geometry):
+    """The backward's self-check: the kernel's gradients for the output gradient dout against
+    the float64 ones of the definition, `want` (on the same slice)."""
     return _worst(list(zip(names, grads, want)), sdpa_qkv, geometry, dout)
+
+
+def vjp(f, xs, dout):
+    """The gradients of <dout, f(*xs)>. torch.func, not torch.autograd: a custom op's
+    implementation (where this runs) has autograd dispatch switched off."""
+    _, pull = torch.func.vjp(f, *[x.detach() for x in xs])
+    return pull(dout)
 
 
 def _worst(triples, sdpa_qkv, geometry, dout):
@@ -134,14 +138,13 @@ def sdpa_errors(q, k, v, offset, causal, window, dtype, dout=None):
     (q, k, v one head each or a few): {'out'} and, given dout, {'dq', 'dk', 'dv'}; the tests'
     floor (tests/test_kernels_triton.py, sdpa_errors)."""
     m = visible(q.size(-2), k.size(-2), offset, causal, window, q.device)
-    with torch.enable_grad():
-        lo = [t.detach().to(dtype).requires_grad_(dout is not None) for t in (q, k, v)]
-        hi = [t.detach().double().requires_grad_(dout is not None) for t in lo]
-        res = {}
-        for key, xs in (('lo', lo), ('hi', hi)):
-            out = F.scaled_dot_product_attention(*xs, attn_mask=m)
-            grads = torch.autograd.grad(out, xs, dout.to(out.dtype)) if dout is not None else ()
-            res[key] = [t.nan_to_num(0.0) for t in (out, *grads)]  # SDPA: NaN where a query sees no key
+    lo = [t.detach().to(dtype) for t in (q, k, v)]
+    res = {}
+    for key, xs in (('lo', lo), ('hi', [t.double() for t in lo])):
+        out = F.scaled_dot_product_attention(*xs, attn_mask=m)
+        grads = vjp(lambda *t: F.scaled_dot_product_attention(*t, attn_mask=m), xs, dout.to(out.dtype)) \
+            if dout is not None else ()
+        res[key] = [t.nan_to_num(0.0) for t in (out, *grads)]  # SDPA: NaN where a query sees no key
     names = ['out', 'dq', 'dk', 'dv']
     errs = {}
     for name, a, b in zip(names, res['lo'], res['hi']):

@@ -61,13 +61,11 @@ def _config(q, k, offset, causal, window1, window2):
 
 
 def _check_args(q, k1, k2, v1, v2, offset, causal, window1, window2, scale):
-    """The self-check's slice (the first sequence's first heads) and its float64 reference."""
+    """The self-check's slice (the first sequence's first heads), in float64, and what the
+    SDPA floor is measured on (guard.py)."""
     n = guard.heads(q.size(0), q.size(1), k1.size(1))
-    xs = (q[:n], k1[:n], k2[:n], v1[:n], v2[:n])
-
-    def ref(*t):
-        return ha3_blockwise_fwd(*t, offset, causal, window1, window2, scale)[0]
-    return n, xs, ref, (xs[0], xs[1], xs[3]), (offset, causal, window1)
+    xs = [t[:n].double() for t in (q, k1, k2, v1, v2)]
+    return n, xs, (q[:n], k1[:n], v1[:n]), (offset, causal, window1)
 
 
 @torch.library.custom_op('nanohfa::ha3_fwd', mutates_args=())
@@ -85,8 +83,9 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
         return fallback.ha3_forward(*a, return_fp32=True)
 
     def wrong(result):
-        n, xs, ref, sdpa_qkv, geometry = _check_args(*args)
-        return guard.wrong_output(result[0][:n], ref, xs, sdpa_qkv, geometry)
+        n, xs, sdpa_qkv, geometry = _check_args(*args)
+        return guard.wrong_output(result[0][:n], lambda *t: torch_ha.ha3_forward(*t, *args[5:])[0], xs, sdpa_qkv,
+                                  geometry)
 
     out, lse, out32 = guard.run('ha3_forward', _config(q, k1, offset, causal, window1, window2), kernel, stand_in,
                                 args, strict=strict, check=check, wrong=wrong)
@@ -100,9 +99,11 @@ def ha3_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, out: Tens
     from attention_kernels.ha.triton import ha3_backward
     geo = (offset, causal, window1, window2, scale)
 
-    def wrong(grads):
-        n, xs, ref, sdpa_qkv, geometry = _check_args(q, k1, k2, v1, v2, *geo)
-        return guard.wrong_grads([g[:n] for g in grads], ('dq', 'dk1', 'dk2', 'dv1', 'dv2'), ref, xs, dout[:n],
+    def wrong(grads):  # the blockwise kernel's own backward: no autograd inside an op
+        n, xs, sdpa_qkv, geometry = _check_args(q, k1, k2, v1, v2, *geo)
+        out64, lse64, _ = torch_ha.ha3_forward(*xs, *geo)
+        want = torch_ha.ha3_backward(*xs, out64, lse64, dout[:n].double(), *geo)
+        return guard.wrong_grads([g[:n] for g in grads], ('dq', 'dk1', 'dk2', 'dv1', 'dv2'), want, dout[:n],
                                  sdpa_qkv, geometry)
 
     return tuple(guard.run('ha3_backward', _config(q, k1, offset, causal, window1, window2), ha3_backward,

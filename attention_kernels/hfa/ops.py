@@ -62,9 +62,10 @@ def hfa_bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Ten
 
     def wrong(grads):
         n, xs = _slice(q, k, v)
-        return guard.wrong_grads((grads[0][:, :n], grads[1][:, :n], grads[2][:n]), ('dq', 'dk', 'dv'),
-                                 lambda *t: naive_hfa(*t, offset, causal, window, scale), xs, dout[:n],
-                                 (xs[0][0], xs[1][0], xs[2]), (offset, causal, window))
+        want = guard.vjp(lambda *t: naive_hfa(*t, offset, causal, window, scale), [x.double() for x in xs],
+                         dout[:n].double())
+        return guard.wrong_grads((grads[0][:, :n], grads[1][:, :n], grads[2][:n]), ('dq', 'dk', 'dv'), want,
+                                 dout[:n], (xs[0][0], xs[1][0], xs[2]), (offset, causal, window))
 
     return guard.run('hfa_backward', _config(q, offset, causal, window), hfa_backward, fallback.hfa_backward,
                      (q, k, v, out, lse, dout, offset, causal, window, scale), strict=strict, check=check,

@@ -77,8 +77,9 @@ def linear_bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, offset: int, causa
     def wrong(grads):
         n = guard.heads(q.size(0), q.size(1), k.size(1))
         xs = (q[:n], k[:n], v[:n])
-        return guard.wrong_grads([g[:n] for g in grads], ('dq', 'dk', 'dv'),
-                                 _reference(offset, causal, window, norm, scale), xs, dout[:n], xs,
+        want = guard.vjp(_reference(offset, causal, window, norm, scale), [x.double() for x in xs],
+                         dout[:n].double())
+        return guard.wrong_grads([g[:n] for g in grads], ('dq', 'dk', 'dv'), want, dout[:n], xs,
                                  (offset, causal, window))
 
     return guard.run('linear_backward', _config(q, offset, causal, window, norm, chunked), kernel,
