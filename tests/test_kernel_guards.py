@@ -261,6 +261,22 @@ def test_compiled_gpt_runs_the_check_outside_the_graph(fresh_guard, capfd, monke
     assert len(guard._checked) == 2 and not guard._replaced and capfd.readouterr().err == ''
 
 
+@pytest.mark.skipif(sys.platform != 'linux', reason='off Linux (no triton wheel) the Triton tests may skip')
+def test_a_broken_triton_fails_the_suite_on_linux(tmp_path):
+    """A triton that cannot be imported stops the session with one line, rather than
+    letting every Triton test skip and the run pass."""
+    (tmp_path / 'triton').mkdir()
+    (tmp_path / 'triton' / '__init__.py').write_text("raise ImportError('this triton is broken')\n")
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                        os.path.join(ROOT, 'tests', 'test_references.py'), '-k', 'naive_ha3'],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)), cwd=ROOT,
+                       timeout=300)
+    assert r.returncode != 0
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if 'this triton is broken' in x]
+    assert len(lines) == 1 and 'on Linux the Triton kernels must be tested' in lines[0], r.stdout + r.stderr
+    assert 'passed' not in r.stdout
+
+
 @pytest.mark.parametrize('family', ['linear', 'hfa', 'ha'])
 def test_fallback_equals_triton(family):
     """The stand-ins give the Triton kernels' outputs and gradients (fp32, 1e-4)."""
