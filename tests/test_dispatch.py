@@ -119,3 +119,13 @@ def test_no_setting_is_remembered():
     after = {k: v for k, v in vars(attention_kernels).items() if not k.startswith('__')}
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
     assert not hasattr(attention_kernels, '_policy')
+
+
+def test_kernel_check_is_a_documented_setting():
+    """train.py --help lists kernel_check, and the model takes it from there (model_args)."""
+    import configurator
+    import settings
+    from model import GPTConfig
+    line = [x for x in configurator.help_text(settings.TRAIN, 'train.py', '').splitlines() if 'kernel_check' in x]
+    assert len(line) == 1 and 'kernel_check = True' in line[0] and 'PyTorch' in line[0]
+    assert 'kernel_check' in GPTConfig.__dataclass_fields__ and GPTConfig().kernel_check is True
