@@ -119,11 +119,11 @@ def route(kernel, family, dtype, device, *, softmax=True, dropout=False, order=3
         return 'sdpa'
     covered = dtype in TRITON_DTYPES and not dropout and {  # what the Triton kernels compute
         'linear': True, 'hfa': softmax and factors <= 4, 'ha': softmax and order == 3}[family]
-    if covered and (kernel == 'triton' or (kernel == 'auto' and device == 'cuda' and family in _modules)):
-        if family not in _modules:
-            raise RuntimeError(f"kernel='triton' but there is no Triton kernel for {family!r} "
-                               f"({_triton['error'] or 'triton not loaded'}); use kernel='auto' or 'torch'")
+    if covered and (kernel == 'triton' or (kernel == 'auto' and device == 'cuda')) and load_triton() is None:
         return 'triton_chunked' if family == 'linear' and long_causal else 'triton'
+    if covered and kernel == 'triton':
+        raise RuntimeError(f"kernel='triton' but there is no Triton kernel for {family!r} "
+                           f"({_triton['error']}); use kernel='auto' or 'torch'")
     if family == 'linear':
         return 'torch'
     if family == 'hfa':

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.ha import pytorch as torch_ha
-from attention_kernels.op_common import flat, keeps_fp32, lse_dtype, or_empty
+from attention_kernels.op_common import flat, keeps_fp32, load_triton, lse_dtype, or_empty
 
 # -----------------------------------------------------------------------------
 # the blockwise PyTorch kernel
@@ -48,6 +48,7 @@ def ha3_blockwise_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor,
 def _config(q, k, offset, causal, window1, window2):
     """The configuration class: what the kernel's code path depends on, tiles (shrunk to
     short sequences) and the fused backward included."""
+    load_triton()
     from attention_kernels.ha.triton import _configs, _fused, _geometry
     from attention_kernels.triton_common import arch_of
     Tq, Tk, dh, arch = q.size(1), k.size(1), q.size(-1), arch_of(q)
@@ -73,6 +74,7 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
             window1: int, window2: int, scale: float, strict: bool = True, check: bool = False
             ) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, out32): out32 the fp32 output for bf16/fp16 inputs, else empty."""
+    load_triton()
     from attention_kernels.ha.triton import ha3_forward
     args = (q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
 
@@ -96,6 +98,7 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
 def ha3_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
             offset: int, causal: bool, window1: int, window2: int, scale: float, strict: bool = True,
             check: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    load_triton()
     from attention_kernels.ha.triton import ha3_backward
     geo = (offset, causal, window1, window2, scale)
 

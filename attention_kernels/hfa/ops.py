@@ -13,7 +13,7 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.hfa.naive import naive_hfa
-from attention_kernels.op_common import flat, keeps_fp32, or_empty
+from attention_kernels.op_common import flat, keeps_fp32, load_triton, or_empty
 
 
 def _config(q, offset, causal, window):
@@ -36,7 +36,8 @@ def _slice(q, k, v):
 def hfa_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, scale: float,
             strict: bool = True, check: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, out32): out32 the fp32 output for bf16/fp16 inputs, else empty."""
-    from attention_kernels.hfa.triton import hfa_forward  # loaded by attention_kernels.load_triton
+    load_triton()
+    from attention_kernels.hfa.triton import hfa_forward
 
     def wrong(result):
         n, xs = _slice(q, k, v)
@@ -58,6 +59,7 @@ def _(q, k, v, offset, causal, window, scale, strict=True, check=False):
 @torch.library.custom_op('nanohfa::hfa_bwd', mutates_args=())
 def hfa_bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, offset: int, causal: bool,
             window: int, scale: float, strict: bool = True, check: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    load_triton()
     from attention_kernels.hfa.triton import hfa_backward
 
     def wrong(grads):

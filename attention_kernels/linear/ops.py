@@ -15,7 +15,7 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.linear.naive import naive_linear
-from attention_kernels.op_common import flat
+from attention_kernels.op_common import flat, load_triton
 
 
 def _config(q, offset, causal, window, norm, chunked):
@@ -39,6 +39,7 @@ def _reference(offset, causal, window, norm, scale):
 @torch.library.custom_op('nanohfa::linear_fwd', mutates_args=())
 def linear_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, norm: bool,
                scale: float, chunked: bool = False, strict: bool = True, check: bool = False) -> Tensor:
+    load_triton()
     from attention_kernels.linear.triton import linear_forward
     from attention_kernels.linear.triton_chunked import chunked_forward
 
@@ -66,6 +67,7 @@ def _(q, k, v, *args):
 def linear_bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, offset: int, causal: bool, window: int,
                norm: bool, scale: float, chunked: bool = False, strict: bool = True, check: bool = False
                ) -> tuple[Tensor, Tensor, Tensor]:
+    load_triton()
     from attention_kernels.linear.triton import linear_backward
     from attention_kernels.linear.triton_chunked import chunked_backward
 
