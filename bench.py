@@ -366,18 +366,18 @@ def kernel_call(name, B, H, T, dh, dtype, device, window=(512, 32)):
     if name.startswith('linear'):
         x = [rand(B, H, T, dh) for _ in range(3)]
         norm = name == 'linear_norm'
-        lin = dispatch('triton', 'linear', x[0], x[1])  # chunked from CHUNKED_MIN_T on, as in the model
+        lin = dispatch('triton', 'linear', x[0], x[1])  # chunked from CHUNKED_MIN_T on, as in the model; self-checked
         return x, lambda q, k, v: lin(q, k, v, 0, True, 0, norm, 0.0), flops(attention='linear')
     if name.startswith('hfa'):
         A = int(name[-1])
         x = [rand(A, B, H, T, dh), rand(A, B, H, T, dh), rand(B, H, T, dh)]
-        return x, lambda q, k, v: hfa_attention(q, k, v, 0, True, 0, scale), flops(attention='hfa_v1', hfa_order=A)
+        return x, lambda q, k, v: hfa_attention(q, k, v, 0, True, 0, scale, True, True), \
+            flops(attention='hfa_v1', hfa_order=A)
     if name.startswith('ha'):
         w1, w2 = window if name.startswith('ha_win') else (0, 0)
         shared = name.endswith('shared')
         x = [rand(B, H, T, dh) for _ in range(3 if shared else 5)]
-
-        ha = dispatch('auto', 'ha', x[0], x[1][None])
+        ha = dispatch('triton' if device == 'cuda' else 'auto', 'ha', x[0], x[1][None])  # a self-check miss: an error
 
         def f(q, *kv):
             k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
