@@ -391,5 +391,45 @@ def test_gpu_check_dry_mode_fits_eight_minutes():
     assert r.returncode == 0, r.stdout + r.stderr
     limits = [int(x.split()[1]) for x in r.stdout.splitlines()[1:] if x.split() and x.split()[-1].isdigit()
               and len(x.split()) == 2]
-    assert limits[:3] and sum(limits) + 5 * len(limits) <= 480
-    assert 'fits' in r.stdout
+    assert limits[:3] and sum(limits) + 5 * (len(limits) - 1) <= 480  # every section's kill grace; not the report's
+    assert [x.split()[0] for x in r.stdout.splitlines()[1:4]] == ['environment', 'warm_cache', 'self_check']
+    margin = int(r.stdout.split('margin ')[1].split('s')[0])
+    assert 'fits' in r.stdout and margin >= 10
+
+
+def _collected(args):
+    r = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider', *args],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {x for x in r.stdout.splitlines() if '::' in x}
+
+
+def test_gpu_check_warms_every_kernel_test():
+    """The warm-up's test groups, together, are the kernel_tests section's selection: no test
+    there compiles its kernels cold."""
+    import re
+    script = open(os.path.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    files = re.search(r'KERNEL_TESTS="([^"]+)"', script).group(1).split()
+    selection = re.search(r'KERNEL_TEST_SELECTION="([^"]+)"', script).group(1)
+    groups = re.findall(r'"(tests/\S+ -k \S+)"', script)
+    assert len(groups) >= 4
+    warmed = set().union(*(_collected(g.split()) for g in groups))
+    wanted = _collected([*files, '-k', selection])
+    assert wanted and wanted == warmed
+
+
+def test_self_check_tool(fresh_guard, monkeypatch, tmp_path, capsys):
+    """tools/self_check.py in the interpreter: every class agrees; with HFA's forward made
+    wrong, its classes say so (one record each) and the exit code is 1."""
+    from tools import self_check
+    out = tmp_path / 'sc.json'
+    assert self_check.main(['--device', DEV, '--tiny', '--out', str(out)]) == 0
+    recs = json.loads(out.read_text())
+    assert len(recs) == 18 and {r['verdict'] for r in recs} == {'ok'}
+    assert all(r['checked'] for r in recs if r['dtype'] == 'bfloat16')  # a class of its own each
+    monkeypatch.setattr(guard, '_checked', set())
+    perturb(monkeypatch, 'hfa', 'output')
+    assert self_check.main(['--device', DEV, '--tiny', '--out', str(out)]) == 1
+    bad = [r for r in json.loads(out.read_text()) if r['verdict'] != 'ok']
+    assert {r['family'] for r in bad} == {'hfa'} and len(bad) == 6
+    assert all('hfa_forward' in r['detail'] and 'out relative RMSE' in r['detail'] for r in bad)
