@@ -64,7 +64,7 @@ def _config(q, k, offset, causal, window1, window2):
 def _check_args(q, k1, k2, v1, v2, offset, causal, window1, window2, scale):
     """The self-check's slice (the first sequence's first heads), in float64, and what the
     SDPA floor is measured on (guard.py)."""
-    n = guard.heads(q.size(0), q.size(1), k1.size(1))
+    n = guard.heads(q.size(0), q.size(1), k1.size(1), materialised=False)
     xs = [t[:n].double() for t in (q, k1, k2, v1, v2)]
     return n, xs, (q[:n], k1[:n], v1[:n]), (offset, causal, window1)
 
