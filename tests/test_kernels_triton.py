@@ -1,6 +1,9 @@
 """
-The Triton kernels against float64 references written from their formulas: outputs and
-every gradient, through the custom ops (attention_kernels/<family>/ops.py) and their autograd.
+The Triton kernels of HFA and linear attention against float64 references written from their
+formulas: outputs and every gradient, through the custom ops (attention_kernels/<family>/ops.py)
+and their autograd; a GPT of every kernel-backed variant with kernel='triton' against
+kernel='torch'. HyperAttention's kernel has its own module, tests/test_triton_ha.py (which
+imports this module's helpers).
 
 On a machine without CUDA they run in Triton's interpreter on CPU tensors (tiny sizes:
 T in {1, 17, 64}, dh in {16, 32} and an odd 20, windows, decoding offsets); with CUDA the
@@ -17,8 +20,6 @@ import torch.nn.functional as F
 
 import attention_kernels
 from attention_kernels import hfa
-from attention_kernels.ha import ops as ha_ops
-from attention_kernels.ha.naive import naive_ha3
 from attention_kernels.hfa import ops as hfa_ops
 from attention_kernels.hfa.naive import naive_hfa as ref_hfa
 from attention_kernels.linear import ops as linear_ops
@@ -261,62 +262,6 @@ def test_linear_with_unequal_tiles(monkeypatch, tiles):
 
 
 # -----------------------------------------------------------------------------
-# HyperAttention (order 3)
-
-def ha_kernel(offset, causal, w1, w2, shared, backend='triton'):
-    """The Triton (or the blockwise PyTorch) op on (q, k1, k2, v1, v2), or on (q, k, v) with
-    k and v in both slots."""
-    op = ha_ops.ha3_fwd if backend == 'triton' else ha_ops.ha3_blockwise_fwd
-
-    def f(q, *kv):
-        k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-        return op(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
-    return f
-
-
-def ha_ref(offset, causal, w1, w2, shared):
-    def f(q, *kv):
-        k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-        return naive_ha3(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
-    return f
-
-
-def ha_case(N, Tq, Tk, dh, shared, seed):
-    return [randn(N, Tq, dh, seed=seed)] + [randn(N, Tk, dh, seed=seed + 1 + i) for i in range(2 if shared else 4)]
-
-
-def ha_names(shared):
-    return ['out', 'dq', 'dk', 'dv'] if shared else ['out', 'dq', 'dk1', 'dk2', 'dv1', 'dv2']
-
-
-HA_SHAPES = [(1, 1, 0, True, (0, 0), 16), (17, 17, 0, True, (0, 0), 32), (64, 64, 0, True, (16, 8), 16),
-             (64, 64, 0, True, (0, 5), 32), (5, 40, 35, True, (12, 4), 16), (1, 9, 8, True, (4, 2), 32),
-             (17, 17, 0, False, (0, 0), 16), (17, 17, 0, True, (6, 3), 20)]
-
-
-@pytest.mark.parametrize('shared', [False, True])
-@pytest.mark.parametrize('shape', HA_SHAPES)
-def test_ha_fp32_equals_reference(shape, shared):
-    Tq, Tk, offset, causal, (w1, w2), dh = shape
-    errs = compare(ha_kernel(offset, causal, w1, w2, shared), ha_ref(offset, causal, w1, w2, shared),
-                   ha_case(2, Tq, Tk, dh, shared, seed=40), torch.float32, seed=8)
-    assert_fp32(errs, ha_names(shared))
-
-
-def ha_floor(f, shared):
-    return [f[0], f[1], f[2], f[3]] if shared else [f[0], f[1], f[2], f[2], f[3], f[3]]
-
-
-@pytest.mark.parametrize('dtype, windows, shared', [(BF16, (0, 0), False), (BF16, (16, 8), False), (BF16, (0, 0), True),
-                                                    (FP16, (0, 0), False)])
-def test_ha_low_precision_within_2x_of_sdpa(dtype, windows, shared):
-    T, dh, N = 32, 16, 2
-    errs = compare(ha_kernel(0, True, *windows, shared), ha_ref(0, True, *windows, shared),
-                   ha_case(N, T, T, dh, shared, seed=50), dtype, seed=9)
-    assert_within(errs, ha_floor(sdpa_errors(N, T, T, dh, 0, True, 0, dtype, seed=9), shared), ha_names(shared))
-
-
-# -----------------------------------------------------------------------------
 # the model: kernel='triton' computes what kernel='torch' computes, and the dispatch
 
 MODEL_VARIANTS = {
@@ -412,14 +357,3 @@ def test_cuda_linear_bf16_realistic(norm, window, dh):
                    xs, torch.bfloat16, seed=11)
     floor = sdpa_errors(N, T, T, dh, 0, True, window, torch.bfloat16, seed=11)
     assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
-
-
-@cuda
-@pytest.mark.parametrize('shared', [False, True])
-def test_cuda_ha_bf16_windowed_realistic(shared):
-    """T = 1024 with Roy et al.'s windows (512, 32), against the PyTorch kernel in float64."""
-    T, N, dh = 1024, 4, 64
-    errs = compare(ha_kernel(0, True, 512, 32, shared), ha_kernel(0, True, 512, 32, shared, 'torch'),
-                   ha_case(N, T, T, dh, shared, seed=80), torch.bfloat16, seed=12)
-    assert_within(errs, ha_floor(sdpa_errors(N, T, T, dh, 0, True, 0, torch.bfloat16, seed=12), shared),
-                  ha_names(shared))

@@ -148,8 +148,7 @@ warm() {
     pids+=($!)
     local i=0
     for group in "tests/test_triton_ha.py -k cuda" "tests/test_kernels_triton.py -k cuda_hfa" \
-                 "tests/test_kernels_triton.py -k cuda_linear" "tests/test_kernels_triton.py -k cuda_ha" \
-                 "tests/test_kernel_guards.py -k fallback"; do
+                 "tests/test_kernels_triton.py -k cuda_linear" "tests/test_kernel_guards.py -k fallback"; do
         "$PYTHON" -m pytest -q -p no:cacheprovider $group > "$OUT/warm_tests_$i.log" 2>&1 &
         pids+=($!)
         i=$(( i + 1 ))
