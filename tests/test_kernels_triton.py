@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 import attention_kernels
-from attention_kernels import hfa
 from attention_kernels.hfa import ops as hfa_ops
 from attention_kernels.hfa.naive import naive_hfa as ref_hfa
 from attention_kernels.linear import ops as linear_ops

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 import attention_kernels
 from attention_kernels.ha import ops as ha_ops
-from attention_kernels.ha.naive import naive_ha3, naive_ha3 as reference
-from test_kernels_triton import DEV, assert_fp32, assert_within, compare, randn, sdpa_errors
+from attention_kernels.ha.naive import naive_ha3 as reference
+from test_kernels_triton import assert_fp32, assert_within, compare, randn, sdpa_errors
 
 TRITON_ERROR = attention_kernels.load_triton()  # on Linux an error fails the session (conftest.py)
 pytestmark = [pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}'),
@@ -423,7 +423,7 @@ def ha_kernel(offset, causal, w1, w2, shared, backend='triton'):
 def ha_ref(offset, causal, w1, w2, shared):
     def f(q, *kv):
         k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-        return naive_ha3(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
+        return reference(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
     return f
 
 
