@@ -2,6 +2,7 @@
 #   make quickstart   prepare the embedded Shakespeare corpus, train a small GPT, print val loss and a sample
 #   make test         the whole test suite (what CI runs)
 #   make test-fast    the model and kernel specification: the tests not marked slow
+#   make gpu-check    on a GPU machine: the kernels checked and timed, one report to send (README)
 # Both install requirements.txt at the versions in constraints.txt: the ones the test suite
 # last passed with. `make constraints` moves them to the newest releases (see README).
 PY := .venv/bin/python
@@ -30,6 +31,10 @@ test-fast: .venv/installed
 bench: .venv/installed
 	$(PY) bench.py --out bench.json
 
+# On a GPU machine, your first run there: 8 minutes, then send us gpu_check_out/gpu_check.md (README)
+gpu-check: .venv/installed
+	PYTHON=$(PY) bash tools/gpu_check.sh
+
 # The newest releases of everything in requirements.txt, in a virtualenv of their own
 # (.venv-latest); the whole suite runs there, and only if it passes are the versions
 # written to constraints.txt (commit it; the next `make test` installs them).
@@ -45,4 +50,4 @@ constraints:
 	mv constraints.txt.tmp constraints.txt
 	@echo "constraints.txt now holds the versions that passed; commit it"
 
-.PHONY: venv quickstart test test-fast bench constraints
+.PHONY: venv quickstart test test-fast bench gpu-check constraints

@@ -350,9 +350,8 @@ def kernel_call(name, B, H, T, dh, dtype, device, window=(512, 32)):
     """(inputs, f, forward FLOPs) of one kernel row: f(*inputs) -> out (B, H, T, dh). FLOPs
     are the model's own count (Attention.mix_flops: the visible pairs only, 2 per multiply-add)
     for a layer of H heads of width dh with the row's attention."""
-    from attention_kernels.ha.ops import hyper_attention
+    from attention_kernels import dispatch
     from attention_kernels.hfa.ops import hfa_attention
-    from attention_kernels.linear.ops import linear_attention
     g = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape):
@@ -367,19 +366,22 @@ def kernel_call(name, B, H, T, dh, dtype, device, window=(512, 32)):
     if name.startswith('linear'):
         x = [rand(B, H, T, dh) for _ in range(3)]
         norm = name == 'linear_norm'
-        return x, lambda q, k, v: linear_attention(q, k, v, 0, True, 0, norm, scale), flops(attention='linear')
+        lin = dispatch('triton', 'linear', x[0], x[1])  # chunked from CHUNKED_MIN_T on, as in the model; self-checked
+        return x, lambda q, k, v: lin(q, k, v, 0, True, 0, norm, 0.0), flops(attention='linear')
     if name.startswith('hfa'):
         A = int(name[-1])
         x = [rand(A, B, H, T, dh), rand(A, B, H, T, dh), rand(B, H, T, dh)]
-        return x, lambda q, k, v: hfa_attention(q, k, v, 0, True, 0, scale), flops(attention='hfa_v1', hfa_order=A)
+        return x, lambda q, k, v: hfa_attention(q, k, v, 0, True, 0, scale, True, True), \
+            flops(attention='hfa_v1', hfa_order=A)
     if name.startswith('ha'):
         w1, w2 = window if name.startswith('ha_win') else (0, 0)
         shared = name.endswith('shared')
         x = [rand(B, H, T, dh) for _ in range(3 if shared else 5)]
+        ha = dispatch('triton' if device == 'cuda' else 'auto', 'ha', x[0], x[1][None])  # a self-check miss: an error
 
         def f(q, *kv):
             k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-            return hyper_attention(q, k1, k2, v1, v2, 0, True, w1, w2, kernel='auto')
+            return ha(q, [k1, k2], [v1, v2], 0, True, [w1, w2], True)
         return x, f, flops(attention='ha', ha_window1=w1, ha_window2=w2)
     raise ValueError(name)
 

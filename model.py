@@ -59,6 +59,7 @@ class GPTConfig:
     ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
     attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
     kernel: str = 'auto'        # 'auto' | 'triton' | 'torch' | 'reference': who computes attention (attention_kernels/)
+    kernel_check: bool = True   # each Triton kernel's first use on CUDA is checked against PyTorch (attention_kernels/guard.py)
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -175,7 +176,7 @@ class LinearHeads(Heads):
 
     def mix(self, q, k, v, offset):
         return linear.attention(q.squeeze(0), k.squeeze(0), v.squeeze(0), offset, self.cfg.causal, self.window,
-                                self.cfg.linear_norm, self.drop, self.cfg.kernel)
+                                self.cfg.linear_norm, self.drop, self.cfg.kernel, self.cfg.kernel_check)
 
     def mix_flops(self, T):
         return 4 * self.dh * mean_visible(T, self.cfg.causal, self.window)
@@ -200,7 +201,7 @@ class HFAHeads(Heads):
 
     def mix(self, q, k, v, offset):  # hfa_v1: v.prod(0) is the one value stream; hfa_v2: the Hadamard product
         return hfa.attention(q, k, v.prod(0), offset, self.cfg.causal, self.window, self.cfg.softmax,
-                             self.cfg.hfa_kron, self.drop, self.cfg.kernel)
+                             self.cfg.hfa_kron, self.drop, self.cfg.kernel, self.cfg.kernel_check)
 
     def mix_flops(self, T):
         A = self.n_q  # A score matmuls, A - 1 elementwise products, one value matmul
@@ -231,7 +232,7 @@ class HAHeads(Heads):
     def mix(self, q, k, v, offset):  # shared keys and values: one stream (k, v of size 1) in every slot
         c = self.cfg
         return ha.attention(q.squeeze(0), k, v, offset, c.causal, c.ha_order, (c.ha_window1, c.ha_window2),
-                            c.softmax, c.kernel)
+                            c.softmax, c.kernel, c.kernel_check)
 
     def mix_flops(self, T):
         c, n = self.cfg, self.cfg.ha_order - 1

@@ -68,6 +68,8 @@ TRAIN = {
         'ha_window2': S(0, "HA: j2 in the last w2 positions (0: full causal)", '>= 0'),
         'attn_window': S(0, "sliding window of sa, linear and hfa heads (0: full causal)", '>= 0'),
         'kernel': S('auto', "auto | triton | torch: who computes linear, hfa, ha (attention_kernels/)"),
+        'kernel_check': S(True, "check each Triton kernel's first use on CUDA against PyTorch; a mismatch prints "
+                                "one line and (auto) uses PyTorch there, (triton) stops"),
     },
     'adamw optimizer': {
         'learning_rate': S(6e-4, "peak learning rate", '> 0'),

@@ -66,7 +66,7 @@ def refuse_architecture_changes(source, source_args):
     """A config file or override that contradicts the model being loaded: one line, not ignored."""
     for k, v in source_args.items():
         if k in set_by and k in defaults and k in GPTConfig.__dataclass_fields__ and config[k] != v \
-                and k not in ('dropout', 'hfa_kron', 'block_size'):  # these may change; block_size may shrink
+                and k not in ('dropout', 'hfa_kron', 'block_size', 'kernel_check'):  # these may change; block_size may shrink
             raise UserError(f"{k}={config[k]!r} (set by {set_by[k]}) contradicts {source}, which has {k}={v!r}; "
                             f"its architecture is fixed: drop that setting, or train a new model in another out_dir")
 
@@ -187,7 +187,8 @@ if weights is not None:
                         f"(vocab {weights['model_args']['vocab_size']}) but {data_path} uses {meta.get('tokenizer')!r} "
                         f"(vocab {meta['vocab_size']}{', other characters' * (weights['model_args']['vocab_size'] == meta['vocab_size'])}); "
                         f"use the dataset the checkpoint was trained on")
-    model_args = {**weights['model_args'], 'dropout': dropout, 'hfa_kron': hfa_kron, 'kernel': kernel}
+    model_args = {**weights['model_args'], 'dropout': dropout, 'hfa_kron': hfa_kron, 'kernel': kernel,
+                  'kernel_check': kernel_check}
     model_args = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
 if ckpt is not None:
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']

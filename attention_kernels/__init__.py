@@ -9,26 +9,30 @@ one folder per family in the manner of flash-linear-attention:
     masks.py           which keys a query may read (causal, offset, windows)
     op_common.py       what the torch.library custom ops share
     triton_common.py   pieces the Triton kernels share
-    fallback.py        PyTorch stand-ins of the Triton entry points (kernel='auto' falls
-                       back to them when a Triton kernel fails to compile or launch)
+    guard.py           what stands between a Triton kernel and the model: a kernel that fails
+                       to compile or launch, or that disagrees with PyTorch on its first
+                       use (the self-check), is replaced by its PyTorch stand-in
+    fallback.py        those stand-ins, one per Triton entry point
 
 A family holds naive.py (its definition, materialised: the float64 reference the tests
 import), its PyTorch forms, its Triton kernel (triton.py) and that kernel as a custom op
 (ops.py, so torch.compile traces through it), and one entry function, `<family>.attention`,
-that takes the model's choices (kernel flag, dropout, window, offset, ...) and picks a path.
+that asks `dispatch` below which form computes the call and calls it.
 
-`backend` below is the one place that chooses between the Triton and the PyTorch kernel,
-following the `kernel` flag: 'torch' always PyTorch; 'triton' always Triton; 'auto'
-Triton for CUDA tensors when triton imports, PyTorch elsewhere; 'reference' runs every
-family through its naive reference (materialising: small sizes only). On a machine without
-CUDA, triton is imported with its interpreter on, so kernel='triton' runs the Triton
-kernels on CPU tensors (slowly; the tests do this at tiny sizes).
+`dispatch` is the one place a kernel is chosen, from the model's `kernel` setting, the
+family and the inputs (`route` holds the rule, by name): 'reference' runs every family
+through its definition (materialising: small sizes only); 'torch' the PyTorch forms;
+'triton' the Triton kernels wherever they cover the case; 'auto' Triton for CUDA tensors
+when triton imports, PyTorch elsewhere. The choice is the model's own: nothing here
+remembers a setting, so models with different settings live side by side in one process.
+On a machine without CUDA, triton is imported with its interpreter on, so kernel='triton'
+runs the Triton kernels on CPU tensors (slowly; the tests do this at tiny sizes).
 """
 
+import functools
 import importlib
 import os
 import sys
-import warnings
 
 import torch
 
@@ -60,11 +64,7 @@ def load_triton():
         if interpret:
             triton.knobs.runtime.interpret = True  # kept by triton for this process
         for family, name in FAMILIES.items():
-            try:
-                _modules[family] = importlib.import_module(f'{__name__}.{name}')
-            except ModuleNotFoundError as e:
-                if e.name != f'{__name__}.{name}':
-                    raise
+            _modules[family] = importlib.import_module(f'{__name__}.{name}')
     except Exception as e:  # no triton, or one too old for these kernels
         _triton['error'] = f"triton cannot be used here: {type(e).__name__}: {e}"
     finally:
@@ -80,60 +80,11 @@ def _interpreting(triton):
     return bool(knobs and knobs.runtime.interpret)
 
 
-def triton_module(family):
-    """The Triton entry points of a kernel family ('hfa', 'linear', 'ha'), guarded: with
-    kernel='auto', an entry point that fails to compile or launch (another triton version,
-    too little shared memory, ...) is replaced by its PyTorch stand-in (fallback.py) for
-    the rest of the process, after one warning line naming the error; kernel='triton'
-    raises. Bad arguments (ValueError, TypeError) always raise."""
-    err = load_triton()
-    if err:
-        raise RuntimeError(err)
-    if family not in _modules:
-        raise RuntimeError(f"no Triton kernel for {family!r} in this checkout")
-    return _Guarded(family)
-
-
-_policy = {'fallback': True}  # kernel='auto' (True) or 'triton' (False): set by prepare()
-_failed = {}  # entry point name -> the error that replaced it
-
-
-class _Guarded:
-    def __init__(self, family):
-        self.family = family
-
-    def __getattr__(self, name):
-        fn = getattr(_modules[self.family], name)
-        if not callable(fn) or name.startswith('_'):
-            return fn
-
-        def call(*args, **kwargs):
-            if name in _failed and _policy['fallback']:
-                return getattr(_fallback(), name)(*args, **kwargs)
-            try:
-                return fn(*args, **kwargs)
-            except (ValueError, TypeError):
-                raise
-            except Exception as e:  # compile or launch failure
-                if not _policy['fallback']:
-                    raise
-                _failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                warnings.warn(f"Triton {name} failed ({_failed[name]}); kernel='auto' uses PyTorch for it from now on",
-                              RuntimeWarning, stacklevel=2)
-                return getattr(_fallback(), name)(*args, **kwargs)
-        return call
-
-
-def _fallback():
-    return importlib.import_module(f'{__name__}.fallback')
-
-
 def prepare(kernel):
-    """Called when a model is built: checks the flag and imports triton if it may be used,
+    """Called when a model is built: checks the setting and imports triton if it may be used,
     so that the forward pass (also under torch.compile) only reads what is loaded."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, not {kernel!r}")
-    _policy['fallback'] = kernel != 'triton'
     if kernel == 'triton':
         err = load_triton()
         if err:
@@ -143,17 +94,71 @@ def prepare(kernel):
 
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KRON_MAX_WIDTH = 256  # HFA, kron='auto': SDPA on lifted queries iff dh^A <= this (measured crossover, docs/performance.md)
+# linear attention: the chunked Triton kernel from this length on (full causal self-attention);
+# shorter, its sequential pass over the chunks (one program per head) leaves most of the GPU idle
+CHUNKED_MIN_T = 1024
 
 
-def backend(kernel, x, family, supported=True):
-    """'triton' or 'torch': the kernel that computes `family` for inputs like x.
-    `supported` is False for a case the Triton kernel does not cover (e.g. attention-weight
-    dropout, hfa_order > 4): then PyTorch, as for float64 inputs."""
-    if kernel in ('torch', 'reference') or not supported or x.dtype not in TRITON_DTYPES:
+def route(kernel, family, dtype, device, *, softmax=True, dropout=False, order=3, factors=1, head_size=64,
+          kron='auto', long_causal=False):
+    """The name of the form that computes `family` ('sa', 'linear', 'hfa', 'ha') for inputs of
+    `dtype` on `device` ('cuda', 'cpu', ...) under the model's `kernel` setting. The case:
+    softmax, attention-weight dropout (only the PyTorch forms have it), HA's order, HFA's
+    number of factors A and head size (the lifted width is head_size^A), hfa_kron, and
+    long_causal: full causal self-attention of CHUNKED_MIN_T positions or more (linear).
+    Names: 'reference' (the definition), 'sdpa', 'torch' (linear's definition is its
+    PyTorch form), 'torch_kron' / 'torch_explicit' (HFA), 'torch_blockwise' /
+    'torch_prefix' / 'torch_naive' (HA order 3 softmax / order 3 linear / order >= 4),
+    'triton', 'triton_chunked' (linear)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, not {kernel!r}")
+    if kernel == 'reference':
+        return 'reference'
+    if family == 'sa':
+        return 'sdpa'
+    covered = dtype in TRITON_DTYPES and not dropout and {  # what the Triton kernels compute
+        'linear': True, 'hfa': softmax and factors <= 4, 'ha': softmax and order == 3}[family]
+    if covered and (kernel == 'triton' or (kernel == 'auto' and device == 'cuda')) and load_triton() is None:
+        return 'triton_chunked' if family == 'linear' and long_causal else 'triton'
+    if covered and kernel == 'triton':
+        raise RuntimeError(f"kernel='triton' but there is no Triton kernel for {family!r} "
+                           f"({_triton['error']}); use kernel='auto' or 'torch'")
+    if family == 'linear':
         return 'torch'
-    if kernel == 'triton':
-        if family not in _modules:
-            raise RuntimeError(f"kernel='triton' but there is no Triton kernel for {family!r} "
-                               f"({_triton['error'] or 'not loaded'}); use kernel='auto' or 'torch'")
-        return 'triton'
-    return 'triton' if (x.is_cuda and family in _modules) else 'torch'
+    if family == 'hfa':
+        lift = softmax and (kron == 'on' or (kron == 'auto' and head_size ** factors <= KRON_MAX_WIDTH))
+        return 'torch_kron' if lift else 'torch_explicit'
+    if order > 3:
+        return 'torch_naive'
+    return 'torch_blockwise' if softmax else 'torch_prefix'
+
+
+def dispatch(kernel, family, q, k, *, check=True, offset=0, causal=True, window=0, softmax=True, dropout_p=0.0,
+             order=3, kron='auto'):
+    """The function that computes `family` for queries q and keys k (the family's layout:
+    HFA's and HA's with their streams first) under the model's `kernel` setting, by
+    `route`. Every form of a family takes that family's arguments (see `<family>.attention`);
+    a Triton form also the model's fallback rule: kernel='triton' raises where 'auto' falls
+    back (guard.py), and `check` (the model's kernel_check) runs the first-use self-check."""
+    long_causal = (causal and not window and offset == 0 and q.size(-2) == k.size(-2)
+                   and q.size(-2) >= CHUNKED_MIN_T)
+    how = route(kernel, family, q.dtype, q.device.type, softmax=softmax, dropout=bool(dropout_p), order=order,
+                factors=q.size(0) if family == 'hfa' else 1, head_size=q.size(-1), kron=kron, long_causal=long_causal)
+    fn = FORMS[family][how]
+    if how.startswith('triton'):
+        return functools.partial(fn, strict=kernel == 'triton', check=check)
+    return fn
+
+
+from attention_kernels import ha, hfa, linear, sa  # noqa: E402  the forms dispatch returns; they call dispatch
+
+FORMS = {
+    'sa': {'reference': sa.reference, 'sdpa': sa.sdpa},
+    'linear': {'reference': linear.reference, 'torch': linear.reference, 'triton': linear.with_triton,
+               'triton_chunked': linear.with_triton_chunked},
+    'hfa': {'reference': hfa.reference, 'torch_kron': hfa.lifted, 'torch_explicit': hfa.explicit,
+            'triton': hfa.with_triton},
+    'ha': {'reference': ha.reference, 'torch_naive': ha.reference, 'torch_blockwise': ha.blockwise,
+           'torch_prefix': ha.prefix_sums, 'triton': ha.with_triton},
+}

@@ -1,13 +1,15 @@
 """
 PyTorch stand-ins for the Triton entry points, same signatures and results: what
-kernel='auto' runs when a Triton kernel fails to compile or launch on the user's GPU
-(another triton version, too little shared memory). HA uses the blockwise PyTorch kernel
+kernel='auto' runs for a configuration whose Triton kernel failed to compile or launch on
+the user's GPU (another triton version, too little shared memory) or disagreed with
+PyTorch in its first-use self-check (guard.py). HA uses the blockwise PyTorch kernel
 (ha/pytorch.py); HFA and linear attention their definitions (naive.py), which materialise
-the (Tq, Tk) scores as the model's own PyTorch path does, differentiated by autograd in float32.
+the (Tq, Tk) scores as the model's own PyTorch path does, differentiated in float32.
 """
 
 import torch
 
+from attention_kernels.guard import vjp
 from attention_kernels.ha import pytorch as torch_ha
 from attention_kernels.hfa.naive import naive_hfa
 from attention_kernels.linear.naive import naive_linear
@@ -29,9 +31,7 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
 
 
 def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
-    with torch.enable_grad():
-        xs = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        grads = torch.autograd.grad(naive_hfa(*xs, offset, causal, window, scale), xs, dout.float())
+    grads = vjp(lambda *t: naive_hfa(*t, offset, causal, window, scale), [t.float() for t in (q, k, v)], dout.float())
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
@@ -40,7 +40,6 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
 
 
 def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
-    with torch.enable_grad():
-        xs = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        grads = torch.autograd.grad(naive_linear(*xs, offset, causal, window, norm, scale), xs, dout.float())
+    grads = vjp(lambda *t: naive_linear(*t, offset, causal, window, norm, scale), [t.float() for t in (q, k, v)],
+                dout.float())
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))

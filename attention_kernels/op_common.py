@@ -29,3 +29,12 @@ def keeps_fp32(dtype):
 
 def or_empty(t, like):
     return t if t is not None else like.new_empty(0, dtype=torch.float32)
+
+
+def load_triton():
+    """Before a Triton op imports its kernel module: triton imported once, with its interpreter
+    where there is no CUDA (attention_kernels.load_triton); why not, as an error."""
+    import attention_kernels
+    err = attention_kernels.load_triton()
+    if err:
+        raise RuntimeError(err)

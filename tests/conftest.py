@@ -3,7 +3,9 @@ pytest is invoked, and the session leaves no trace.
 
 - attention_kernels is loaded first: on a machine without CUDA it imports triton with the interpreter
   on (TRITON_INTERPRET for that import only), which must happen before anything else imports
-  triton, so that the Triton kernels can be tested on CPU tensors.
+  triton, so that the Triton kernels can be tested on CPU tensors. On Linux a triton that cannot
+  be used fails the session with one line (the Triton tests would otherwise skip and a run
+  be green with no kernel tested); elsewhere (macOS, Windows: no triton wheel) they skip.
 
 - Caches live in one temporary folder for the session: ours (NANOHFA_CACHE), tiktoken's,
   Hugging Face's, wandb's, matplotlib's, pip's, triton's. They are set in this process's
@@ -59,6 +61,9 @@ if os.path.isdir(_ranks):
 
 
 def pytest_configure(config):
+    if TRITON_ERROR and sys.platform == 'linux':
+        raise pytest.UsageError(f"{TRITON_ERROR}; on Linux the Triton kernels must be tested: "
+                                f"install requirements.txt (make venv)")
     config.addinivalue_line('markers', 'slow: subprocesses, the Triton interpreter, torch.compile or seconds of '
                                       'computing (left out by make test-fast)')
 
@@ -77,7 +82,7 @@ def _state():
 
 import attention_kernels  # noqa: E402
 
-attention_kernels.load_triton()
+TRITON_ERROR = attention_kernels.load_triton()
 _STATE_AT_START = _state()
 
 

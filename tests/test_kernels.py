@@ -14,9 +14,10 @@ No timing assertions: timings live in bench.py and docs/performance.md.
 import pytest
 import torch
 
+import attention_kernels
 from attention_kernels import hfa, sa
 from attention_kernels.ha.naive import naive_hyper_attention, slot_masks
-from attention_kernels.ha.ops import hyper_attention as softmax_hyper_attention
+from attention_kernels.ha.ops import blockwise_attention
 from attention_kernels.ha.pytorch import _spans, linear_hyper_attention
 from attention_kernels.hfa.naive import naive_hfa
 from model import GPT, GPTConfig, KVCache
@@ -41,8 +42,7 @@ def hyper_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2
     """The PyTorch order-3 kernels, softmax (blockwise op) or linear (prefix sums)."""
     if not softmax:
         return linear_hyper_attention(q, k1, k2, v1, v2, offset, causal, window1, window2)
-    return softmax_hyper_attention(q, k1, k2, v1, v2, offset, causal, window1, window2, 'torch',
-                                   block_q or 0, block_k or 0)
+    return blockwise_attention(q, k1, k2, v1, v2, offset, causal, window1, window2, block_q or 0, block_k or 0)
 
 
 def value_and_grads(f, x, seed):
@@ -210,8 +210,8 @@ def test_hfa_paths_equal_definition(order, values_product, causal, Tq, Tk, offse
     k = torch.randn(A, 2, 2, Tk, dh, generator=g, dtype=DT).requires_grad_()
     v = torch.randn(nv, 2, 2, Tk, dh, generator=g, dtype=DT).requires_grad_()
     want = value_and_grads(lambda q, k, v: naive_hfa(q, k, v.prod(0), offset, causal, window), [q, k, v], 4)
-    for kron, path in (('on', 'kron'), ('off', 'explicit')):
-        assert hfa.path(q, kron=kron, kernel='torch') == path
+    for kron, path in (('on', 'torch_kron'), ('off', 'torch_explicit')):
+        assert attention_kernels.dispatch('torch', 'hfa', q, k, kron=kron) is attention_kernels.FORMS['hfa'][path]
         got = value_and_grads(lambda q, k, v: hfa.attention(q, k, v.prod(0), offset, causal, window, kron=kron,
                                                             kernel='torch'), [q, k, v], 4)
         for a, b in zip(got, want):
@@ -221,13 +221,13 @@ def test_hfa_paths_equal_definition(order, values_product, causal, Tq, Tk, offse
 def test_hfa_auto_choice_follows_width():
     """'auto' lifts only when dh^A <= KRON_MAX_WIDTH (measured crossover, docs/performance.md),
     and only with the softmax."""
-    def q(A, dh):
-        return torch.zeros(A, 1, 1, 2, dh)
-    assert hfa.path(q(2, 16), kernel='torch') == 'kron'          # 256
-    assert hfa.path(q(2, 32), kernel='torch') == 'explicit'      # 1024
-    assert hfa.path(q(3, 6), kernel='torch') == 'kron'           # 216
-    assert hfa.path(q(2, 16), softmax=False, kernel='torch') == 'explicit'
-    assert hfa.path(q(2, 16), kernel='reference') == 'reference'
+    def path(A, dh, kernel='torch', **kw):
+        return attention_kernels.route(kernel, 'hfa', torch.float32, 'cpu', factors=A, head_size=dh, **kw)
+    assert path(2, 16) == 'torch_kron'          # 256
+    assert path(2, 32) == 'torch_explicit'      # 1024
+    assert path(3, 6) == 'torch_kron'           # 216
+    assert path(2, 16, softmax=False) == 'torch_explicit'
+    assert path(2, 16, kernel='reference') == 'reference'
 
 
 @pytest.mark.parametrize('attention', ['sa', 'linear', 'hfa_v1', 'ha'])

@@ -4,14 +4,18 @@ kernels are torch.library custom ops with fake implementations, and the PyTorch 
 compute their block geometry from Python integers (no tensor read back to the host).
 fullgraph=True turns any graph break into an error. On CPU the PyTorch kernels are the
 ones traced; backend 'aot_eager' (forward and backward graphs, no code generation) keeps
-this fast. The compiled loss and gradients must equal eager ones. With CUDA the same
-tests trace the Triton kernels, and one model also goes through inductor (on CPU its C++
-code generation alone takes longer than this whole file).
+this fast. The compiled loss and gradients must equal eager ones. Every variant also
+compiles with kernel='triton' (on CPU: the Triton kernels in the interpreter), its
+first-use self-check switched on (attention_kernels/guard.py; it runs from the ops' eager
+implementations, outside the graph). With CUDA the same tests trace the Triton kernels,
+and one model also goes through inductor (on CPU its C++ code generation alone takes
+longer than this whole file).
 """
 
 import pytest
 import torch
 
+from attention_kernels import guard
 from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.slow()  # torch.compile: make test, not make test-fast
@@ -59,9 +63,14 @@ def check_compiles(kw, backend, T=12, n_layer=2):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('kernel', ['auto', 'triton'])
 @pytest.mark.parametrize('name', list(VARIANTS))
-def test_gpt_compiles_fullgraph(name):
-    check_compiles(VARIANTS[name], 'aot_eager')
+def test_gpt_compiles_fullgraph(name, kernel, monkeypatch):
+    monkeypatch.setattr(guard, '_checked', set())
+    monkeypatch.setattr(guard, '_replaced', {})
+    monkeypatch.setattr(guard, 'CHECK_DEVICES', ('cuda', 'cpu'))
+    check_compiles(dict(VARIANTS[name], kernel=kernel), 'aot_eager')
+    assert not guard._replaced
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (on CPU inductor takes ~90 s here)')

@@ -1,6 +1,9 @@
 """
-The Triton kernels against float64 references written from their formulas: outputs and
-every gradient, through the custom ops (attention_kernels/<family>/ops.py) and their autograd.
+The Triton kernels of HFA and linear attention against float64 references written from their
+formulas: outputs and every gradient, through the custom ops (attention_kernels/<family>/ops.py)
+and their autograd; a GPT of every kernel-backed variant with kernel='triton' against
+kernel='torch'. HyperAttention's kernel has its own module, tests/test_triton_ha.py (which
+imports this module's helpers).
 
 On a machine without CUDA they run in Triton's interpreter on CPU tensors (tiny sizes:
 T in {1, 17, 64}, dh in {16, 32} and an odd 20, windows, decoding offsets); with CUDA the
@@ -16,21 +19,17 @@ import torch
 import torch.nn.functional as F
 
 import attention_kernels
-from attention_kernels import hfa
-from attention_kernels.ha import ops as ha_ops
-from attention_kernels.ha.naive import naive_ha3
 from attention_kernels.hfa import ops as hfa_ops
 from attention_kernels.hfa.naive import naive_hfa as ref_hfa
 from attention_kernels.linear import ops as linear_ops
 from attention_kernels.linear.naive import naive_linear as ref_linear
 from attention_kernels.masks import visible
 
-TRITON_ERROR = attention_kernels.load_triton()
+TRITON_ERROR = attention_kernels.load_triton()  # on Linux an error fails the session (conftest.py)
 pytestmark = [pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}'),
               pytest.mark.slow()]  # the Triton interpreter on CPU: make test, not make test-fast
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
-has_ha = 'ha' in attention_kernels._modules
 
 
 # -----------------------------------------------------------------------------
@@ -183,8 +182,8 @@ def test_hfa_model_layout():
 # -----------------------------------------------------------------------------
 # linear attention
 
-def lin_kernel(offset, causal, window, norm, scale):
-    return lambda q, k, v: linear_ops.linear_fwd(q, k, v, offset, causal, window, norm, scale)
+def lin_kernel(offset, causal, window, norm, scale, chunked=False):
+    return lambda q, k, v: linear_ops.linear_fwd(q, k, v, offset, causal, window, norm, scale, chunked)
 
 
 def lin_ref(offset, causal, window, norm, scale):
@@ -214,14 +213,12 @@ def test_linear_low_precision_within_2x_of_sdpa(dtype, norm, window):
 
 @pytest.fixture
 def chunked_linear(monkeypatch):
-    """Full causal linear attention through the chunked kernel at the tests' short lengths;
-    yields the calls it received, to show that the chunked path ran."""
+    """The calls the chunked kernels receive, to show that the chunked path ran."""
     from attention_kernels.linear import triton_chunked
     calls = []
     for name in ('chunked_forward', 'chunked_backward'):
         fn = getattr(triton_chunked, name)
         monkeypatch.setattr(triton_chunked, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
-    monkeypatch.setattr(triton_chunked, 'CHUNKED_MIN_T', 1)
     yield calls
 
 
@@ -231,8 +228,8 @@ def test_linear_chunked_fp32_equals_reference(chunked_linear, T, dh, norm):
     """The chunked form (a dh x dh state per chunk of 16 here) equals the definition, at
     lengths below, at and across chunk edges."""
     xs = [randn(2, T, dh, seed=T), randn(2, T, dh, seed=T + 1), randn(2, T, dh, seed=T + 2)]
-    errs = compare(lin_kernel(0, True, 0, norm, dh ** -0.5), lin_ref(0, True, 0, norm, dh ** -0.5), xs, torch.float32,
-                   seed=8)
+    errs = compare(lin_kernel(0, True, 0, norm, dh ** -0.5, chunked=True), lin_ref(0, True, 0, norm, dh ** -0.5), xs,
+                   torch.float32, seed=8)
     assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
     assert chunked_linear == ['chunked_forward', 'chunked_backward']
 
@@ -242,7 +239,8 @@ def test_linear_chunked_fp32_equals_reference(chunked_linear, T, dh, norm):
 def test_linear_chunked_low_precision_within_2x_of_sdpa(chunked_linear, dtype, norm):
     T, dh, N = 64, 32, 2
     xs = [randn(N, T, dh, seed=40), randn(N, T, dh, seed=41), randn(N, T, dh, seed=42)]
-    errs = compare(lin_kernel(0, True, 0, norm, dh ** -0.5), lin_ref(0, True, 0, norm, dh ** -0.5), xs, dtype, seed=9)
+    errs = compare(lin_kernel(0, True, 0, norm, dh ** -0.5, chunked=True), lin_ref(0, True, 0, norm, dh ** -0.5), xs,
+                   dtype, seed=9)
     floor = sdpa_errors(N, T, T, dh, 0, True, 0, dtype, seed=9)
     assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
     assert chunked_linear == ['chunked_forward', 'chunked_backward']
@@ -260,73 +258,6 @@ def test_linear_with_unequal_tiles(monkeypatch, tiles):
         errs = compare(lin_kernel(offset, True, window, norm, dh ** -0.5),
                        lin_ref(offset, True, window, norm, dh ** -0.5), xs, torch.float32, seed=15)
         assert_fp32(errs, ['out', 'dq', 'dk', 'dv'])
-
-
-def test_linear_chunked_only_for_long_full_causal_self_attention():
-    """Windows, decoding offsets, non-causal and short sequences keep the quadratic kernel."""
-    from attention_kernels.linear.triton_chunked import CHUNKED_MIN_T, applies
-    T = CHUNKED_MIN_T
-    assert applies(T, T, 0, True, 0)
-    assert not applies(T - 1, T - 1, 0, True, 0)
-    assert not applies(T, T, 0, True, 16)
-    assert not applies(T, T, 0, False, 0)
-    assert not applies(1, T + 1, T, True, 0)
-
-
-# -----------------------------------------------------------------------------
-# HyperAttention (order 3)
-
-def ha_kernel(offset, causal, w1, w2, shared, backend='triton'):
-    """The op on (q, k1, k2, v1, v2), or on (q, k, v) with k and v in both slots."""
-    def f(q, *kv):
-        k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-        return ha_ops.ha3_fwd(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5, backend, 0, 0)[0]
-    return f
-
-
-def ha_ref(offset, causal, w1, w2, shared):
-    def f(q, *kv):
-        k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
-        return naive_ha3(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
-    return f
-
-
-def ha_case(N, Tq, Tk, dh, shared, seed):
-    return [randn(N, Tq, dh, seed=seed)] + [randn(N, Tk, dh, seed=seed + 1 + i) for i in range(2 if shared else 4)]
-
-
-def ha_names(shared):
-    return ['out', 'dq', 'dk', 'dv'] if shared else ['out', 'dq', 'dk1', 'dk2', 'dv1', 'dv2']
-
-
-HA_SHAPES = [(1, 1, 0, True, (0, 0), 16), (17, 17, 0, True, (0, 0), 32), (64, 64, 0, True, (16, 8), 16),
-             (64, 64, 0, True, (0, 5), 32), (5, 40, 35, True, (12, 4), 16), (1, 9, 8, True, (4, 2), 32),
-             (17, 17, 0, False, (0, 0), 16), (17, 17, 0, True, (6, 3), 20)]
-needs_ha = pytest.mark.skipif(not has_ha, reason='attention_kernels/ha/triton.py is not in this checkout')
-
-
-@needs_ha
-@pytest.mark.parametrize('shared', [False, True])
-@pytest.mark.parametrize('shape', HA_SHAPES)
-def test_ha_fp32_equals_reference(shape, shared):
-    Tq, Tk, offset, causal, (w1, w2), dh = shape
-    errs = compare(ha_kernel(offset, causal, w1, w2, shared), ha_ref(offset, causal, w1, w2, shared),
-                   ha_case(2, Tq, Tk, dh, shared, seed=40), torch.float32, seed=8)
-    assert_fp32(errs, ha_names(shared))
-
-
-def ha_floor(f, shared):
-    return [f[0], f[1], f[2], f[3]] if shared else [f[0], f[1], f[2], f[2], f[3], f[3]]
-
-
-@needs_ha
-@pytest.mark.parametrize('dtype, windows, shared', [(BF16, (0, 0), False), (BF16, (16, 8), False), (BF16, (0, 0), True),
-                                                    (FP16, (0, 0), False)])
-def test_ha_low_precision_within_2x_of_sdpa(dtype, windows, shared):
-    T, dh, N = 32, 16, 2
-    errs = compare(ha_kernel(0, True, *windows, shared), ha_ref(0, True, *windows, shared),
-                   ha_case(N, T, T, dh, shared, seed=50), dtype, seed=9)
-    assert_within(errs, ha_floor(sdpa_errors(N, T, T, dh, 0, True, 0, dtype, seed=9), shared), ha_names(shared))
 
 
 # -----------------------------------------------------------------------------
@@ -354,8 +285,6 @@ def tiny_gpt(kernel, kw):
 
 @pytest.mark.parametrize('name', list(MODEL_VARIANTS))
 def test_gpt_triton_equals_torch(name):
-    if 'ha' in MODEL_VARIANTS[name].get('attention', '') + MODEL_VARIANTS[name].get('attn_layers', '') and not has_ha:
-        pytest.skip('attention_kernels/ha/triton.py is not in this checkout')
     idx = torch.randint(0, 17, (2, 19), generator=torch.Generator().manual_seed(1)).to(DEV)
     res = {}
     for kernel in ('torch', 'triton'):
@@ -365,18 +294,6 @@ def test_gpt_triton_equals_torch(name):
         res[kernel] = [logits] + [p.grad for p in model.parameters()]
     for a, b in zip(res['triton'], res['torch']):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-
-
-def test_dispatch_follows_the_flag():
-    x = torch.zeros(1, device=DEV, dtype=torch.float32)
-    assert attention_kernels.backend('torch', x, 'hfa') == 'torch'
-    assert attention_kernels.backend('triton', x, 'hfa') == 'triton'
-    assert attention_kernels.backend('auto', x, 'hfa') == ('triton' if x.is_cuda else 'torch')  # auto: Triton on CUDA only
-    assert attention_kernels.backend('triton', x, 'hfa', supported=False) == 'torch'
-    assert attention_kernels.backend('triton', x.double(), 'hfa') == 'torch'  # float64: PyTorch only
-    q = x.expand(2, 1, 1, 1, 16)
-    assert hfa.path(q, dropout_p=0.1, kernel='triton') != 'triton'  # attention-weight dropout: only PyTorch has it
-    assert hfa.path(q, dropout_p=0.0, kernel='triton') == 'triton'
 
 
 def test_kernel_flag_is_checked():
@@ -439,15 +356,3 @@ def test_cuda_linear_bf16_realistic(norm, window, dh):
                    xs, torch.bfloat16, seed=11)
     floor = sdpa_errors(N, T, T, dh, 0, True, window, torch.bfloat16, seed=11)
     assert_within(errs, floor, ['out', 'dq', 'dk', 'dv'])
-
-
-@cuda
-@needs_ha
-@pytest.mark.parametrize('shared', [False, True])
-def test_cuda_ha_bf16_windowed_realistic(shared):
-    """T = 1024 with Roy et al.'s windows (512, 32), against the PyTorch kernel in float64."""
-    T, N, dh = 1024, 4, 64
-    errs = compare(ha_kernel(0, True, 512, 32, shared), ha_kernel(0, True, 512, 32, shared, 'torch'),
-                   ha_case(N, T, T, dh, shared, seed=80), torch.bfloat16, seed=12)
-    assert_within(errs, ha_floor(sdpa_errors(N, T, T, dh, 0, True, 0, torch.bfloat16, seed=12), shared),
-                  ha_names(shared))

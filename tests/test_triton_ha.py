@@ -7,6 +7,9 @@ The reference (attention_kernels/ha/naive.py) materialises every pair in float64
 under Triton's interpreter. TRITON_INTERPRET is read when a function is decorated, triton's
 own library included, so it must be set before triton is first imported: the kernels run in
 a child process started with it, and this process's environment is left as it was.
+The last section runs the kernel in this process (interpreted as attention_kernels.load_triton
+set it up) through its custom op, nanohfa::ha3_fwd / ha3_bwd, and their autograd, with
+test_kernels_triton.py's helpers: every HA Triton test is in this module.
 """
 import multiprocessing
 import os
@@ -15,10 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import attention_kernels
+from attention_kernels.ha import ops as ha_ops
 from attention_kernels.ha.naive import naive_ha3 as reference
+from test_kernels_triton import assert_fp32, assert_within, compare, randn, sdpa_errors
 
-pytest.importorskip('triton')
-pytestmark = pytest.mark.slow()  # the Triton interpreter in a child process: make test, not make test-fast
+TRITON_ERROR = attention_kernels.load_triton()  # on Linux an error fails the session (conftest.py)
+pytestmark = [pytest.mark.skipif(TRITON_ERROR is not None, reason=f'no usable triton: {TRITON_ERROR}'),
+              pytest.mark.slow()]  # the Triton interpreter in a child process: make test, not make test-fast
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA GPU')
@@ -397,3 +404,70 @@ def test_cuda_chunked_prefill_and_determinism(tha):
     g1 = m.ha3_backward(*ins, out, lse, dout, *geo)
     g2 = m.ha3_backward(*ins, out, lse, dout, *geo)
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+
+
+# -----------------------------------------------------------------------------
+# through the custom ops and their autograd, in this process (test_kernels_triton.py's helpers)
+
+def ha_kernel(offset, causal, w1, w2, shared, backend='triton'):
+    """The Triton (or the blockwise PyTorch) op on (q, k1, k2, v1, v2), or on (q, k, v) with
+    k and v in both slots."""
+    op = ha_ops.ha3_fwd if backend == 'triton' else ha_ops.ha3_blockwise_fwd
+
+    def f(q, *kv):
+        k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
+        return op(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
+    return f
+
+
+def ha_ref(offset, causal, w1, w2, shared):
+    def f(q, *kv):
+        k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv
+        return reference(q, k1, k2, v1, v2, offset, causal, w1, w2, q.size(-1) ** -0.5)[0]
+    return f
+
+
+def ha_case(N, Tq, Tk, dh, shared, seed):
+    return [randn(N, Tq, dh, seed=seed)] + [randn(N, Tk, dh, seed=seed + 1 + i) for i in range(2 if shared else 4)]
+
+
+def ha_names(shared):
+    return ['out', 'dq', 'dk', 'dv'] if shared else ['out', 'dq', 'dk1', 'dk2', 'dv1', 'dv2']
+
+
+HA_SHAPES = [(1, 1, 0, True, (0, 0), 16), (17, 17, 0, True, (0, 0), 32), (64, 64, 0, True, (16, 8), 16),
+             (64, 64, 0, True, (0, 5), 32), (5, 40, 35, True, (12, 4), 16), (1, 9, 8, True, (4, 2), 32),
+             (17, 17, 0, False, (0, 0), 16), (17, 17, 0, True, (6, 3), 20)]
+
+
+@pytest.mark.parametrize('shared', [False, True])
+@pytest.mark.parametrize('shape', HA_SHAPES)
+def test_ha_fp32_equals_reference(shape, shared):
+    Tq, Tk, offset, causal, (w1, w2), dh = shape
+    errs = compare(ha_kernel(offset, causal, w1, w2, shared), ha_ref(offset, causal, w1, w2, shared),
+                   ha_case(2, Tq, Tk, dh, shared, seed=40), torch.float32, seed=8)
+    assert_fp32(errs, ha_names(shared))
+
+
+def ha_floor(f, shared):
+    return [f[0], f[1], f[2], f[3]] if shared else [f[0], f[1], f[2], f[2], f[3], f[3]]
+
+
+@pytest.mark.parametrize('dtype, windows, shared', [(torch.bfloat16, (0, 0), False), (torch.bfloat16, (16, 8), False),
+                                                    (torch.bfloat16, (0, 0), True), (torch.float16, (0, 0), False)])
+def test_ha_low_precision_within_2x_of_sdpa(dtype, windows, shared):
+    T, dh, N = 32, 16, 2
+    errs = compare(ha_kernel(0, True, *windows, shared), ha_ref(0, True, *windows, shared),
+                   ha_case(N, T, T, dh, shared, seed=50), dtype, seed=9)
+    assert_within(errs, ha_floor(sdpa_errors(N, T, T, dh, 0, True, 0, dtype, seed=9), shared), ha_names(shared))
+
+
+@needs_cuda
+@pytest.mark.parametrize('shared', [False, True])
+def test_cuda_ha_bf16_windowed_realistic(shared):
+    """T = 1024 with Roy et al.'s windows (512, 32), against the PyTorch kernel in float64."""
+    T, N, dh = 1024, 4, 64
+    errs = compare(ha_kernel(0, True, 512, 32, shared), ha_kernel(0, True, 512, 32, shared, 'torch'),
+                   ha_case(N, T, T, dh, shared, seed=80), torch.bfloat16, seed=12)
+    assert_within(errs, ha_floor(sdpa_errors(N, T, T, dh, 0, True, 0, torch.bfloat16, seed=12), shared),
+                  ha_names(shared))

@@ -6,33 +6,54 @@ HyperAttention of order n ([IA] Def 6.1, App. F): one joint softmax over (n-1)-t
     pytorch.py   order 3 blockwise with an online softmax (no Tq x Tk x Tk tensor); linear
                  HA (softmax=False) by prefix sums, O(T dh^2)
     triton.py    order 3 in Triton, forward and backward
-    ops.py       order 3 as a torch.library custom op (PyTorch or Triton inside)
+    ops.py       order 3 as torch.library custom ops: the blockwise PyTorch kernel, and the
+                 Triton kernel
 
-`attention` below takes the model's choices and picks one of them.
+`attention` below runs the form attention_kernels.dispatch picks; the forms follow it.
 """
 
+import attention_kernels
 from attention_kernels.ha.naive import naive_hyper_attention, slot_masks
-from attention_kernels.ha.ops import hyper_attention
+from attention_kernels.ha.ops import blockwise_attention, triton_attention
 from attention_kernels.ha.pytorch import linear_hyper_attention
 
 
-def attention(q, k, v, offset=0, causal=True, order=3, windows=(0, 0), softmax=True, kernel='auto'):
+def attention(q, k, v, offset=0, causal=True, order=3, windows=(0, 0), softmax=True, kernel='auto', check=True):
     """q (B, H, Tq, dh); k, v (n, B, H, Tk, dh) with n = order - 1 key and value streams, or
     (1, B, H, Tk, dh): one stream in every slot (shared keys and values). Query i sits at
     position offset + i. windows = (w1, w2) restrict slots 1 and 2 (0: full; later slots are
-    full). kernel: 'auto' / 'triton' / 'torch' (attention_kernels.backend) or 'reference'.
-    Order 3 runs blockwise (softmax) or by prefix sums (softmax=False); order >= 4 and
-    kernel='reference' materialise every tuple. No attention-weight dropout on any path."""
+    full). Order 3 runs blockwise (softmax) or by prefix sums (softmax=False); order >= 4 and
+    kernel='reference' materialise every tuple. No attention-weight dropout on any path.
+    check: the Triton kernel's first-use self-check (attention_kernels/guard.py)."""
     n = order - 1
-    shared = k.size(0) == 1 and n > 1
-    if shared:  # the same key and value stream in every slot
-        k, v = k.expand(n, *k.shape[1:]), v.expand(n, *v.shape[1:])
-    w1, w2 = windows
-    if n == 2 and kernel != 'reference':
-        if not softmax:
-            return linear_hyper_attention(q, k[0], k[1], v[0], v[1], offset, causal, w1, w2)
-        k1, v1 = k[0], v[0]
-        k2, v2 = (k1, v1) if shared else (k[1], v[1])  # shared: one tensor in both slots
-        return hyper_attention(q, k1, k2, v1, v2, offset, causal, w1, w2, kernel)
-    masks = slot_masks(q.size(-2), k.size(-2), offset, causal, ([w1, w2] + [0] * n)[:n], q.device)
-    return naive_hyper_attention(q, list(k), list(v), masks, softmax=softmax)
+    fn = attention_kernels.dispatch(kernel, 'ha', q, k, check=check, offset=offset, causal=causal,
+                                    softmax=softmax, order=order)
+    if k.size(0) == 1 and n > 1:  # shared: one tensor in every slot
+        ks, vs = [k[0]] * n, [v[0]] * n
+    else:
+        ks, vs = list(k), list(v)
+    return fn(q, ks, vs, offset, causal, (list(windows) + [0] * n)[:n], softmax)
+
+
+# the forms: q (B, H, Tq, dh), ks and vs lists of n (B, H, Tk, dh), one tensor repeated where
+# keys and values are shared; windows one per slot
+
+
+def reference(q, ks, vs, offset, causal, windows, softmax):
+    masks = slot_masks(q.size(-2), ks[0].size(-2), offset, causal, windows, q.device)
+    return naive_hyper_attention(q, ks, vs, masks, softmax=softmax)
+
+
+def blockwise(q, ks, vs, offset, causal, windows, softmax):
+    """Order 3, softmax: online softmax over blocks of keys, no Tq x Tk x Tk tensor."""
+    return blockwise_attention(q, *ks, *vs, offset, causal, *windows)
+
+
+def prefix_sums(q, ks, vs, offset, causal, windows, softmax):
+    """Order 3 without the softmax: O(T dh^2)."""
+    return linear_hyper_attention(q, *ks, *vs, offset, causal, *windows)
+
+
+def with_triton(q, ks, vs, offset, causal, windows, softmax, *, strict, check):
+    """Order 3, softmax, in Triton."""
+    return triton_attention(q, *ks, *vs, offset, causal, *windows, strict, check)

@@ -17,8 +17,8 @@ def naive_hyper_attention(q, ks, vs, masks, softmax=True, scale=None, lse=False)
     """q (..., Tq, dh); ks, vs lists of n tensors (..., Tk, dh); masks a list of n bool
     (Tq, Tk): key slot a of query i may hold j iff masks[a][i, j]. softmax=False weighs each
     tuple by its raw logit (linear HA). A query with no visible tuple gets 0 (as the kernels).
-    Returns out (..., Tq, dh), or (out, row logsumexp (..., Tq), -inf where nothing is
-    visible) with lse=True."""
+    Returns out (..., Tq, dh), or with lse=True (out, row logsumexp of the visible logits
+    (..., Tq), -inf where nothing is visible), with or without the softmax."""
     n, dh = len(ks), q.size(-1)
     slots = 'klmnopqr'[:n]
     logit = torch.einsum(f"...is,{','.join(f'...{c}s' for c in slots)}->...i{slots}", q, *ks)
@@ -26,10 +26,9 @@ def naive_hyper_attention(q, ks, vs, masks, softmax=True, scale=None, lse=False)
     m = masks[0]
     for a in range(1, n):  # outer "and" over the slots: (Tq, Tk, Tk, ...)
         m = m.unsqueeze(-1) & masks[a].view(masks[a].size(0), *([1] * a), masks[a].size(1))
-    if softmax:
-        hidden = logit.masked_fill(~m, float('-inf'))
-        w = hidden.flatten(-n).softmax(-1).view_as(logit)
-        w = w.nan_to_num(0.0)  # a query with no visible tuple: 0, as the kernels
+    hidden = logit.masked_fill(~m, float('-inf'))
+    if softmax:  # a query with no visible tuple: 0, as the kernels
+        w = hidden.flatten(-n).softmax(-1).view_as(logit).nan_to_num(0.0)
     else:
         w = logit * m
     out = torch.einsum(f"...i{slots},{','.join(f'...{c}d' for c in slots)}->...id", w, *vs)

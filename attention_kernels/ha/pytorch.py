@@ -6,7 +6,7 @@ HyperAttention of order 3 in PyTorch ([IA] Def 6.1, App. F): softmax over pairs 
 
 computed without the Tq x Tk x Tk tensor of naive.py's definition.
 
-`ha3_forward` / `ha3_backward` are exact (ops.py makes them one autograd op, `hyper_attention`):
+`ha3_forward` / `ha3_backward` are exact (ops.py makes them one autograd op, `blockwise_attention`):
 
 - flash-attention style. For a block of bq queries and a block of b1 first keys, the
   logits against every visible second key are ONE matmul,

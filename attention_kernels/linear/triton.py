@@ -9,15 +9,14 @@ attention_kernels/masks.py (causal, offset, sliding window). Backward, two kerne
 with g_i = dO_i / c_i,
     dq_i = scale sum_j (g_i . v_j) k_j,   dk_j = scale sum_i (g_i . v_j) q_i,   dv_j = sum_i s_ij g_i.
 Inputs fp32, bf16 or fp16; dots accumulate in fp32; any head size (padded, masked loads).
-Full causal self-attention over long sequences goes to triton_chunked.py instead (a dh x dh
-state per chunk: work linear in T); linear_forward and linear_backward choose.
+Full causal self-attention over long sequences has its own kernels, triton_chunked.py (a
+dh x dh state per chunk: work linear in T), which attention_kernels.dispatch chooses.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.linear import triton_chunked as chunked
 from attention_kernels.triton_common import (_cast, _mm, _visible, arch_of, block_sizes, device_of, dot_precision,
                                              head_block, key_range, query_range, upcast_dots)
 
@@ -140,8 +139,6 @@ def _meta(q, causal, norm, D):
 def linear_forward(q, k, v, offset, causal, window, norm, scale):
     """q (N, Tq, dh), k, v (N, Tk, dh), contiguous, one dtype -> out (N, Tq, dh)."""
     N, Tq, Tk, D = _shapes(q, k, v)
-    if chunked.applies(Tq, Tk, offset, causal, window):
-        return chunked.chunked_forward(q, k, v, norm, scale)
     out = torch.empty_like(q)
     if out.numel() == 0:
         return out
@@ -156,8 +153,6 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
 def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     """Gradients (dq, dk, dv) of linear_forward."""
     N, Tq, Tk, D = _shapes(q, k, v)
-    if chunked.applies(Tq, Tk, offset, causal, window):
-        return chunked.chunked_backward(q, k, v, dout, norm, scale)
     dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:

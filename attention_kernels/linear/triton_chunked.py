@@ -29,16 +29,6 @@ import triton.language as tl
 from attention_kernels.triton_common import (INTERPRETED, _cast, _mm, arch_of, device_of, dot_precision, head_block,
                                              upcast_dots)
 
-# the quadratic kernel (triton.py) for shorter sequences, where the sequential pass over the
-# chunks (one program per head) would leave most of the GPU idle
-CHUNKED_MIN_T = 1024
-
-
-def applies(Tq, Tk, offset, causal, window):
-    """Whether the chunked kernel computes this case: causal self-attention over the whole prefix."""
-    return causal and window == 0 and offset == 0 and Tq == Tk and Tq >= CHUNKED_MIN_T
-
-
 def chunk_size(dtype, arch=90):
     """Positions per chunk: 64 (wgmma's tile height) for bf16 / fp16 on sm_90, 32 before it
     (64 spilled or overran shared memory on sm_80); 16 for fp32 (its dots run on the FMA
