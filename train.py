@@ -282,11 +282,12 @@ if fsdp:
         fully_shard(block, mp_policy=mp_policy)
     fully_shard(model, mp_policy=mp_policy)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if ckpt is not None and fsdp:  # the full state in ckpt.pt, each process keeping its own shard of it
-    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                             optim_state_dict=optimizer_state_by_name(ckpt['optimizer'], model, optimizer))
-elif ckpt is not None:
-    optimizer.load_state_dict(ckpt['optimizer'])
+if ckpt is not None:
+    if fsdp:  # the full state in ckpt.pt, each process keeping its own shard of it
+        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
+                                 optim_state_dict=optimizer_state_by_name(ckpt['optimizer'], model, optimizer))
+    else:
+        optimizer.load_state_dict(ckpt['optimizer'])
     if 'rng' not in ckpt:  # nanoGPT's: the weights, the optimizer and the iteration continue, not its data order
         data_gen.manual_seed(seed + 1000003 * iter_num)
         if master:
