@@ -161,6 +161,10 @@ ROWS.update({
                            "argument --tokenizer: invalid choice: 'bpe' (choose from 'gpt2', 'char')"),
     'compare_unbuildable_preset': ('compare.py', [*CMP, '--variants', 'bad', '--preset', 'bad', 'n_head=3'],
                                    "variant bad cannot be built (n_embd=16 is not divisible by n_head=3"),
+    # FSDP: a choice among two, and only under torchrun
+    'parallel_unknown': ('train.py', ['--parallel=zero3', *FRESH], "parallel='zero3' is not a choice; valid: ddp, fsdp"),
+    'fsdp_without_torchrun': ('train.py', ['--parallel=fsdp', *FRESH],
+                              "parallel='fsdp' shards the model over processes started by torchrun"),
 })
 if torch.backends.mps.is_available():  # these rows need a machine without the device
     del ROWS['device_mps_absent']
