@@ -114,7 +114,7 @@ def peak_flops(device, override=0.0, cached=False):
 
 
 def training_memory(params, n_layer, n_embd, vocab_size, block_size, batch_size, world_size=8, parallel='ddp',
-                    activation_checkpointing=False, accum=1):
+                    activation_checkpointing=False, accum=1, ha_layers=0):
     """Bytes per GPU of a bf16-autocast training step with AdamW, by part: the arithmetic
     behind config/scaling_xl.py's table. An estimate (CUDA context, NCCL buffers and allocator
     fragmentation are left out: keep ~10% of the GPU free for them).
@@ -126,20 +126,24 @@ def training_memory(params, n_layer, n_embd, vocab_size, block_size, batch_size,
       1 micro-steps per GPU) FSDP adds up gradients unsharded, in fp32 (4), until the last one.
     - activations of one micro-batch (B x T tokens, width d, bf16): 34 B T d bytes per layer
       (Korthikanti et al. 2022, Sec. 4.1; the T^2 attention term is absent, since the fused
-      attention kernels keep no score matrix); with checkpointing only each block's input is
-      kept (4 B T d, the fp32 residual stream), plus one block's 34 B T d while it is recomputed.
+      attention kernels keep no score matrix); an HA layer adds its second keys and values
+      (4 B T d); with checkpointing only each block's input is kept (4 B T d, the fp32 residual
+      stream), plus one block's activations while it is recomputed.
     - logits: B T V in bf16 and the fp32 log-softmax of the loss (6 bytes), and as much again
       for their gradient in the backward."""
     tokens = batch_size * block_size
-    block = 12 * n_embd ** 2  # the parameters of one block (attention 4 d^2, MLP 8 d^2)
+    root = (vocab_size + block_size) * n_embd  # the root unit: token and position embeddings (the head is tied)
+    block = (params - root) / n_layer  # one block's parameters, on average
     if parallel == 'ddp':
         states = {'parameters': 4 * params, 'gradients': 4 * params + 4 * params, 'optimizer': 8 * params,
                   'bf16 weights': 2 * params}
     else:
         states = {'parameters': 4 * params / world_size, 'gradients': 4 * params / world_size
                   + (4 * params if accum > 1 else 0), 'optimizer': 8 * params / world_size,
-                  'bf16 weights': 2 * (params - n_layer * block) + 2 * 2 * block}
+                  'bf16 weights': 2 * root + 2 * 2 * block}
     per_layer = 34 * tokens * n_embd
-    activations = (n_layer * 4 * tokens * n_embd + per_layer) if activation_checkpointing else n_layer * per_layer
+    activations = n_layer * per_layer + ha_layers * 4 * tokens * n_embd
+    if activation_checkpointing:
+        activations = n_layer * 4 * tokens * n_embd + per_layer + 4 * tokens * n_embd * (ha_layers > 0)
     parts = {**states, 'activations': activations, 'logits': 2 * 6 * tokens * vocab_size}
     return {**parts, 'total': sum(parts.values())}
