@@ -35,7 +35,7 @@ Modes:
                  every variant and option at the CPU configs' size (4 x 128, T = 128, batch 8):
                  the best of --table_steps steps after two warm-up steps, as a markdown table
     memory       (--memory) peak memory per process and seconds per training step of one GPT
-                 (--memory_model, default 8 x 256, vocab 4096, T 256, batch 8 per process), fp32 on
+                 (--memory_model, default 8 x 512, vocab 8192, T 256, batch 4 per process), fp32 on
                  CPU: one process, and 2 processes (torchrun, gloo) under DDP and FSDP, each with
                  and without activation checkpointing. `held_bytes`: RSS when the first step starts
                  (parameters, and AdamW's state once allocated by a warm-up step); `peak_bytes`: the
@@ -72,6 +72,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -295,8 +296,7 @@ def run_memory_case(case):
     if world > 1:
         ranks = [None] * world
         dist.all_gather_object(ranks, mine)
-        dist.barrier()  # every process past the gather before the group is torn down
-        dist.destroy_process_group()
+        dist.barrier()  # every process past the gather before any exits
     rec = dict(variant=case['variant'], mode='memory', parallel=case['parallel'] if world > 1 else 'one process',
                processes=world, activation_checkpointing=case['activation_checkpointing'],
                n_layer=n_layer, n_embd=n_embd, vocab=vocab, block_size=T, batch_size=B, threads=case['threads'],
@@ -319,12 +319,17 @@ def memory_rows(args):
                                                              '--standalone', f'--nproc_per_node={nproc}']
             print(f"memory: {nproc} process{'es' * (nproc > 1)}{f', {parallel}' * (nproc > 1)}"
                   f"{', activation checkpointing' * ac}", file=sys.stderr, flush=True)
-            r = subprocess.run([*launcher, os.path.abspath(__file__), '--case', json.dumps(case)],
-                               capture_output=True, text=True, timeout=900,
-                               env={**os.environ, 'OMP_NUM_THREADS': str(args.threads)})
-            line = [x for x in r.stdout.splitlines() if x.startswith('RESULT ')]
+            p = subprocess.Popen([*launcher, os.path.abspath(__file__), '--case', json.dumps(case)], text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                 env={**os.environ, 'OMP_NUM_THREADS': str(args.threads)})
+            try:
+                out, err = p.communicate(timeout=args.memory_timeout)
+            except subprocess.TimeoutExpired:  # the result may be out already: a process that hangs on exit
+                os.killpg(p.pid, signal.SIGKILL)
+                out, err = p.communicate()
+            line = [x for x in out.splitlines() if x.startswith('RESULT ')]
             if not line:
-                rows.append(dict(case, processes=nproc, error=(r.stderr.strip().splitlines() or ['no result'])[-1][:200]))
+                rows.append(dict(case, processes=nproc, error=(err.strip().splitlines() or ['no result'])[-1][:200]))
                 continue
             rows += json.loads(line[0][len('RESULT '):])
     mib = lambda b: f"{b / 2 ** 20:9.0f}"
@@ -748,10 +753,11 @@ def main():
                    help="last: the rest are a compare.py grid's arguments; writes its OUT/step_times.json")
     g = p.add_argument_group('--memory: activation checkpointing, DDP and FSDP on CPU')
     g.add_argument('--memory', action='store_true', help='only the memory rows (peak RSS per process, s/step)')
-    g.add_argument('--memory_model', default='8,256,4096,256,8',
+    g.add_argument('--memory_model', default='8,512,8192,256,4',
                    help='n_layer,n_embd,vocab,block_size,batch_size (heads of 64; batch per process)')
     g.add_argument('--memory_variant', default='sa')
     g.add_argument('--memory_steps', type=int, default=3, help='timed steps per case (the fastest counts)')
+    g.add_argument('--memory_timeout', type=float, default=600, help='seconds per case')
     add_kernel_args(p)
     args = p.parse_args()
 
