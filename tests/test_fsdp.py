@@ -20,6 +20,7 @@ Under torchrun (slow; 2 CPU processes, gloo, a 2-layer 32-wide GPT, OMP_NUM_THRE
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,10 +161,12 @@ def runs(tmp_path_factory):
     sample = ['--device=cpu', '--start=abc', '--max_new_tokens=40', '--num_samples=2']
     read = ['--figures=False', '--min_freq=0', f'--data_dir={data}']
     resume = '--init_from=resume'
+    for k in ('sa_fsdp', 'sa_one'):  # resumed in copies: the checkpoints at iteration 8 are compared below
+        shutil.copytree(o(k), o(f'{k}_resumed'))
     jobs2 = {
         'kill2': (train('kill', 12, resume), 2, 'train.py', {}),
-        'sa_fsdp_one': (train('sa_fsdp', 12, resume), 1, 'train.py', {}),  # an FSDP checkpoint, one process
-        'sa_one2': (train('sa_one', 12, resume), 1, 'train.py', {}),
+        'sa_fsdp_one': (train('sa_fsdp_resumed', 12, resume), 1, 'train.py', {}),  # an FSDP checkpoint, one process
+        'sa_one2': (train('sa_one_resumed', 12, resume), 1, 'train.py', {}),
         **{f'sample_{k}_{t}': ([f'--out_dir={o(k)}', *sample, f'--temperature={t}'], 1, 'sample.py', {})
            for k in ('sa_fsdp', 'sa_ddp') for t in (0, 1)},
         **{f'read_{k}': ([f'--out_dir={o(k)}', *read], 1, 'interactions.py', {}) for k in ('ha_fsdp', 'ha_ddp')},
@@ -183,7 +186,7 @@ def test_fsdp_trains_the_losses_of_ddp_and_of_one_process(runs, attention):
     one, ddp, fsdp = (f'{attention}_{k}' for k in ('one', 'ddp', 'fsdp'))
     ok(runs, one, ddp, fsdp)
     assert '2 processes, FSDP)' in runs['log'][fsdp]
-    a, b, c = (losses(runs['out'](k))[:8] for k in (one, ddp, fsdp))  # sa: resumed to 12 later
+    a, b, c = (losses(runs['out'](k)) for k in (one, ddp, fsdp))
     assert [i for i, _ in c] == list(range(8))
     for x, y, z in zip(a, b, c):
         assert z[1] == pytest.approx(y[1], abs=1e-5) and z[1] == pytest.approx(x[1], abs=1e-5), (x, y, z)
@@ -263,6 +266,6 @@ def test_one_process_resumes_an_fsdp_checkpoint(runs):
     """The checkpoint's parallel='fsdp' is inherited, not an error: one process trains it whole."""
     ok(runs, 'sa_fsdp_one', 'sa_one2')
     assert '1 process)' in runs['log']['sa_fsdp_one'] and 'at iteration 8' in runs['log']['sa_fsdp_one']
-    a, b = losses(runs['out']('sa_fsdp')), losses(runs['out']('sa_one'))
+    a, b = losses(runs['out']('sa_fsdp_resumed')), losses(runs['out']('sa_one_resumed'))
     assert [i for i, _ in a] == list(range(12))
     assert [x[1] for x in a] == pytest.approx([x[1] for x in b], abs=1e-5)
