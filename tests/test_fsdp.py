@@ -10,6 +10,8 @@ Under torchrun (slow; 2 CPU processes, gloo, a 2-layer 32-wide GPT, OMP_NUM_THRE
   tolerance of DDP against one process in test_foundation.py: the processes sum gradients in
   another order, and FSDP takes the gradient norm as a sum over shards);
 - activation checkpointing changes no loss under FSDP and DDP, with dropout 0.1: bit for bit;
+- torch.compile of the sharded model (ha, custom ops) trains the eager losses (within 1e-4);
+  dtype=bfloat16 (mixed precision) trains near fp32's losses (within 0.02) and saves fp32;
 - FSDP resume is exact: rank 1 SIGKILLs itself at iteration 10, the run resumes from the
   iteration-8 checkpoint, and every loss and evaluation equals the uninterrupted run's bit for bit;
 - an FSDP checkpoint is an ordinary ckpt.pt: the DDP run's tensors, the same keys; sample.py
@@ -153,6 +155,8 @@ def runs(tmp_path_factory):
         'drop_fsdp_ac': (train('drop_fsdp_ac', 12, drop, fsdp, ac), 2, 'train.py', {}),
         'drop_ddp': (train('drop_ddp', 8, drop), 2, 'train.py', {}),
         'drop_ddp_ac': (train('drop_ddp_ac', 8, drop, ac), 2, 'train.py', {}),
+        'ha_fsdp_compile': (train('ha_fsdp_compile', 4, '--attention=ha', fsdp, '--compile=True'), 2, 'train.py', {}),
+        'sa_fsdp_bf16': (train('sa_fsdp_bf16', 8, fsdp, '--dtype=bfloat16', ac), 2, 'train.py', {}),
         # rank 1 SIGKILLs itself at the start of iteration 10; the last checkpoint is iteration 8's
         'kill': (train('kill', 12, drop, fsdp), 2, 'train.py', {'NANOHFA_TEST_DIE_AT': '10:1'}),
     }
@@ -192,6 +196,27 @@ def test_fsdp_trains_the_losses_of_ddp_and_of_one_process(runs, attention):
         assert z[1] == pytest.approx(y[1], abs=1e-5) and z[1] == pytest.approx(x[1], abs=1e-5), (x, y, z)
     for x, z in zip(evals(runs['out'](one)), evals(runs['out'](fsdp))):
         assert z[0] == x[0] and z[2] == pytest.approx(x[2], abs=1e-5)  # val_loss
+
+
+@pytest.mark.slow
+def test_fsdp_compiles(runs):
+    """torch.compile of the sharded model, HA's custom ops included: the eager run's losses."""
+    ok(runs, 'ha_fsdp_compile', 'ha_fsdp')
+    assert 'compiling the model' in runs['log']['ha_fsdp_compile']
+    a, b = losses(runs['out']('ha_fsdp_compile')), losses(runs['out']('ha_fsdp'))[:4]
+    assert [i for i, _ in a] == [0, 1, 2, 3] and [x[1] for x in a] == pytest.approx([x[1] for x in b], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_fsdp_mixed_precision(runs):
+    """dtype=bfloat16 (CPU autocast here, as on a GPU): bf16 weights gathered for compute, fp32
+    gradients reduced; the losses near fp32's, the checkpoint's weights and moments fp32."""
+    ok(runs, 'sa_fsdp_bf16', 'sa_fsdp')
+    a, b = losses(runs['out']('sa_fsdp_bf16')), losses(runs['out']('sa_fsdp'))
+    assert [x[1] for x in a] == pytest.approx([x[1] for x in b], abs=0.02) and a != b
+    ckpt = load(runs['out']('sa_fsdp_bf16') / 'ckpt.pt')
+    assert {v.dtype for v in ckpt['model'].values()} == {torch.float32}
+    assert {v.dtype for s in ckpt['optimizer']['state'].values() for v in s.values()} == {torch.float32}
 
 
 @pytest.mark.slow
