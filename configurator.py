@@ -87,9 +87,20 @@ def parse(defaults, argv, help_text=''):
             path = Path(arg)
             if not path.is_file():
                 raise UserError(f"config file {arg!r} not found (arguments are config files or --key=value)")
+            if path.suffix != '.py':  # YAML's `n_layer: 4` is valid Python that assigns nothing
+                raise UserError(f"config file {arg} is not a Python file (.py); config files are Python assigning "
+                                f"keys (n_layer = 4), as nanoGPT's: rewrite it as a .py file, or give --key=value")
             scope = {}
             try:
-                exec(compile(path.read_text(), str(path), 'exec'), scope)
+                tree = ast.parse(path.read_text(), str(path))
+                bare = [n for n in tree.body if isinstance(n, ast.AnnAssign) and n.value is None]
+                if bare:
+                    raise UserError(f"config file {arg} line {bare[0].lineno}: '{ast.unparse(bare[0])}' assigns "
+                                    f"nothing (a type annotation); write {ast.unparse(bare[0].target)} = "
+                                    f"{ast.unparse(bare[0].annotation)}")
+                exec(compile(tree, str(path), 'exec'), scope)
+            except UserError:
+                raise
             except Exception as e:
                 raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}")
             sets = [(k, v) for k, v in scope.items()  # leave out what a file may import or define

@@ -254,24 +254,30 @@ def read_meta(folder):
     """Metadata of a prepared dataset: meta.json, or nanoGPT's meta.pkl read safely.
     Returns None when there is neither (nanoGPT's openwebtext layout: GPT-2 tokens)."""
     folder = Path(folder)
-    if (folder / 'meta.json').exists():
-        try:
-            meta = json.loads((folder / 'meta.json').read_text())
-        except (ValueError, OSError) as e:
-            raise UserError(f"{folder / 'meta.json'} cannot be read ({getattr(e, 'msg', e)}); "
-                            f"re-run the prepare script")
-        if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int):
-            raise UserError(f"{folder / 'meta.json'} holds no vocab_size; re-run the prepare script")
-        return meta
-    if (folder / 'meta.pkl').exists():
-        try:
-            meta = _PlainUnpickler(io.BytesIO((folder / 'meta.pkl').read_bytes())).load()
-        except Exception as e:
-            raise UserError(f"{folder / 'meta.pkl'} is not a plain metadata pickle ({e}); re-run the prepare script")
-        if not isinstance(meta, dict) or 'vocab_size' not in meta:
-            raise UserError(f"{folder / 'meta.pkl'} holds no vocab_size; re-run the prepare script")
-        return {'tokenizer': 'char' if 'itos' in meta else 'gpt2', **meta}
+    for name in ('meta.json', 'meta.pkl'):
+        if (folder / name).exists():
+            return read_meta_file(folder / name)
     return None
+
+
+def read_meta_file(path):
+    """One metadata file: meta.json, or nanoGPT's meta.pkl (read without running code)."""
+    path = Path(path)
+    if path.suffix == '.json':
+        try:
+            meta = json.loads(path.read_text())
+        except (ValueError, OSError) as e:
+            raise UserError(f"{path} cannot be read ({getattr(e, 'msg', e)}); re-run the prepare script")
+        if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int):
+            raise UserError(f"{path} holds no vocab_size; re-run the prepare script")
+        return meta
+    try:
+        meta = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+    except Exception as e:
+        raise UserError(f"{path} is not a plain metadata pickle ({e}); re-run the prepare script")
+    if not isinstance(meta, dict) or 'vocab_size' not in meta:
+        raise UserError(f"{path} holds no vocab_size; re-run the prepare script")
+    return {'tokenizer': 'char' if 'itos' in meta else 'gpt2', **meta}
 
 
 def open_split(folder, split, block_size):

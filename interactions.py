@@ -429,32 +429,48 @@ def describe_head(r, labels, k):
 # -----------------------------------------------------------------------------
 # figures: one colour scale per figure
 
-def heatmaps(panels, titles, labels, axis_names, suptitle, path):
-    """Panels of equal-shape matrices side by side on one symmetric colour scale."""
+LABELLED_MAX = 100  # up to this many tokens an axis names each one; past it the matrix alone is shown
+TICK_INCHES = 0.14  # room per labelled token: 8-point labels, punctuation included, do not touch
+
+
+def heatmap_figure(panels, titles, labels, axis_names, suptitle):
+    """Panels of equal-shape matrices side by side on one symmetric colour scale; each token named
+    on both axes (up to LABELLED_MAX), the panel sized so that its labels are readable."""
     from experiments.common import plt
     n, N = len(panels), len(labels)
     cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
-    side = 2.5 + N * 0.06
+    side = 1.5 + N * TICK_INCHES if N <= LABELLED_MAX else 2.5 + N * 0.06
     fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 1.2, side * rows + 0.6), squeeze=False,
                              layout='constrained')
     v = max(float(p.abs().max()) for p in panels) or 1.0
     for ax, p, title in zip(axes.flat, panels, titles):
         im = ax.imshow(p.numpy(), cmap='RdBu_r', vmin=-v, vmax=v, interpolation='nearest')
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
         ax.set_ylabel(axis_names[0])
         ax.set_xlabel(axis_names[1])
-        if N <= 100:
-            size = 7 if N <= 40 else 5
-            ax.set_xticks(range(N), labels, fontsize=size, rotation=90)
-            ax.set_yticks(range(N), labels, fontsize=size)
+        if N <= LABELLED_MAX:
+            ax.set_xticks(range(N), labels, fontsize=8, rotation=90)
+            ax.set_yticks(range(N), labels, fontsize=8)
     for ax in list(axes.flat)[n:]:
         ax.axis('off')
     fig.colorbar(im, ax=axes, shrink=0.6, label='coefficient (one scale for every panel)')
-    fig.suptitle(suptitle, fontsize=10)
-    fig.savefig(path, dpi=110)
+    fig.suptitle(suptitle, fontsize=11)
+    return fig
+
+
+def heatmaps(panels, titles, labels, axis_names, suptitle, path):
+    from experiments.common import plt
+    fig = heatmap_figure(panels, titles, labels, axis_names, suptitle)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def source_title(name, kind):
+    """The figures' name for the model read: its run's name, with the layer's attention unless
+    the name already says it (an out_dir called 'sa' gave 'sa (sa)')."""
+    return name if name == kind or name.endswith((f'-{kind}', f'_{kind}')) else f"{name} ({kind})"
 
 
 def strongest_queries(r, n=4):
@@ -463,42 +479,48 @@ def strongest_queries(r, n=4):
 
 
 def write_figures(heads, labels, layer, name, folder):
+    """Every heatmap of one layer; name: source_title's. A head's attention is named only where the
+    layer mixes kinds (HFA + SA heads): otherwise the name says it."""
     paths, centred = [], lambda r: ' (query-centred)' if r['softmax'] else ''
+    mixed = len({r['kind'] for r in heads}) > 1
+    kind_of = lambda r: f" ({r['kind']})" if mixed else ''
     for r in heads:
         h = r['head']
         base = Path(folder) / f"layer{layer}_head{h}"
+        print(f"  writing figures of head {h} ...", flush=True)
         if 'T' in r:
             qs = strongest_queries(r)
             paths.append(heatmaps([r['ranked'][a] for a in qs], [f"query {labels[a]}" for a in qs], labels,
                                   ('key 1 (b)', 'key 2 (c)'),
-                                  f"{name}: layer {layer} head {h} (HA), T[a, b, c]{centred(r)} for the queries a "
+                                  f"{name}: layer {layer} head {h}, T[a, b, c]{centred(r)} for the queries a "
                                   f"with the strongest three-way part", f"{base}.png"))
             paths.append(heatmaps([r['T3'][a] for a in qs], [f"query {labels[a]}" for a in qs], labels,
                                   ('key 1 (b)', 'key 2 (c)'),
-                                  f"{name}: layer {layer} head {h} (HA), three-way part T3[a, b, c] (main effects "
+                                  f"{name}: layer {layer} head {h}, three-way part T3[a, b, c] (main effects "
                                   f"of b and of c removed)", f"{base}_three_way.png"))
             paths.append(heatmaps([r['value_norm']], ['|W_O,h (v1(b) * v2(c))|'], labels, ('key 1 (b)', 'key 2 (c)'),
-                                  f"{name}: layer {layer} head {h} (HA), value coupling", f"{base}_values.png"))
+                                  f"{name}: layer {layer} head {h}, value coupling", f"{base}_values.png"))
         else:
             if 'factors' in r:
                 paths.append(heatmaps(list(r['factors']), [f"factor {s + 1}" for s in range(len(r['factors']))],
                                       labels, ('query token (a)', 'key token (b)'),
-                                      f"{name}: layer {layer} head {h} ({r['kind']}), "
+                                      f"{name}: layer {layer} head {h}{kind_of(r)}, "
                                       f"score factors q_s(a).k_s(b)/sqrt(dh)",
                                       f"{base}_factors.png"))
             what = 'product of the factors' if 'factors' in r else 'C[a, b]'
             paths.append(heatmaps([r['ranked']], [f"{what}{centred(r)}"], labels, ('query token (a)', 'key token (b)'),
-                                  f"{name}: layer {layer} head {h} ({r['kind']})", f"{base}.png"))
+                                  f"{name}: layer {layer} head {h}{kind_of(r)}", f"{base}.png"))
     panels, titles = [], []
     for r in heads:
         if 'T' in r:
             a = strongest_queries(r, 1)[0]
             panels.append(r['ranked'][a])
-            titles.append(f"head {r['head']} (ha): query {labels[a]}, T[{labels[a]}, b, c]{centred(r)}")
+            titles.append(f"head {r['head']}: query {labels[a]}, T[{labels[a]}, b, c]{centred(r)}")
         else:
             panels.append(r['ranked'])
-            titles.append(f"head {r['head']} ({r['kind']}){centred(r)}")
+            titles.append(f"head {r['head']}{kind_of(r)}{centred(r)}")
     axis = ('key 1 (b)', 'key 2 (c)') if all('T' in r for r in heads) else ('query token (a)', 'key token (b)')
+    print("  writing the figure of every head ...", flush=True)
     paths.append(heatmaps(panels, titles, labels, axis, f"{name}: layer {layer}, every head",
                           Path(folder) / f"layer{layer}_heads.png"))
     return paths
@@ -515,8 +537,10 @@ def offset_figure(profiles, heads, layer, name, path):
                         f"{name}: layer {layer}, score by key offsets, averaged over tokens", path)
     fig, ax = plt.subplots(figsize=(6.5, 3.8), layout='constrained')
     for r, prof in zip(heads, profiles):
+        mixed = len({h['kind'] for h in heads}) > 1
+        what = [r['kind']] * mixed + ['query-centred'] * r['softmax']
         ax.plot(range(len(prof)), prof.numpy(), marker='o', ms=3,
-                label=f"head {r['head']} ({r['kind']}{', query-centred' if r['softmax'] else ''})")
+                label=f"head {r['head']}" + (f" ({', '.join(what)})" if what else ''))
     ax.axhline(0, color='grey', lw=0.6)
     ax.set(xlabel='key offset d (query at i reads the key at i - d)', ylabel='score, averaged over tokens',
            title=f"{name}: layer {layer}, score by key offset")
@@ -529,15 +553,18 @@ def offset_figure(profiles, heads, layer, name, path):
 # -----------------------------------------------------------------------------
 # loading
 
-def load_source(out_dir, init_from):
+def load_source(out_dir, init_from, meta=''):
     """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles); the
-    checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them."""
+    checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them, and a
+    checkpoint's tokens as sample.py reads them (meta: --meta, for a checkpoint that carries none)."""
     import runtime
     from model import GPTConfig
     if runtime.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
-        ckpt = runtime.load_checkpoint(Path(out_dir) / 'ckpt.pt', "train first (python train.py ...) or set --out_dir")
+        path = Path(out_dir) / 'ckpt.pt'
+        ckpt = runtime.load_checkpoint(path, "train first (python train.py ...) or set --out_dir")
         cfg = GPTConfig.from_dict(ckpt['model_args'])
-        return ckpt['model'], cfg, ckpt.get('tokenizer') or {}, ckpt.get('dataset'), Path(out_dir).name
+        labels = runtime.checkpoint_meta(ckpt, path, meta, gpt2_fallback=False) or {}  # none found: ids as numbers
+        return ckpt['model'], cfg, labels, ckpt.get('dataset'), Path(out_dir).name
     model = runtime.load_gpt2(init_from)
     return model.state_dict(), model.config, {'tokenizer': 'gpt2'}, None, Path(init_from).name
 
@@ -632,7 +659,12 @@ def main(argv=None):
     o = configurator.load(settings.defaults(settings.INTERACTIONS), sys.argv[1:] if argv is None else argv,
                           configurator.help_text(settings.INTERACTIONS, 'interactions.py', __doc__))
     settings.check(settings.INTERACTIONS, o)
-    sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'])
+    if o['init_from'] == 'resume':  # several checkpoints (seeds of one variant): what recurs across them
+        import interactions_seeds
+        dirs = interactions_seeds.checkpoint_dirs(o['out_dir'])
+        if dirs:
+            return interactions_seeds.main(o, dirs)
+    sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'], o['meta'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):
         raise UserError(f"layer={o['layer']} but the model has {len(kinds)} layers (0..{len(kinds) - 1})")
@@ -642,30 +674,34 @@ def main(argv=None):
     if o['top_n'] < 0 or o['top_k'] < 1:
         raise UserError("top_n must be >= 0 (0: automatic) and top_k >= 1")
 
+    print(f"{name}: reading layer {o['layer']} ({kind}); counting tokens in the training data ...", flush=True)
     tokens, counts = select_tokens(o['data_dir'], dataset, cfg.vocab_size, n, o['min_freq'], o['freq_tokens'])
     all_labels = token_labels(meta, cfg.vocab_size)
     labels = [all_labels[i] for i in tokens]
+    covered = None if counts is None else counts[tokens].sum() / max(1, counts.sum())
+    print(f"{name}: layer {o['layer']} ({kind}), {cfg.n_head} heads, {len(tokens)} tokens"
+          + (f" ({100 * covered:.2f}% of the counted training tokens)" if covered is not None else '')
+          + f", positions={o['positions']}, ln={o['ln']}", flush=True)
+    if o['layer'] > 0:
+        print(f"note: layer {o['layer']} is read through the embedding's direct path only; its real input also "
+              f"holds the earlier layers' outputs")
 
+    print(f"  coefficients of every {'triple' if three_way else 'pair'} ...", flush=True)
     prefix = f'transformer.h.{o["layer"]}.attn.'
     layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     inputs = token_inputs(sd, cfg, o['layer'], torch.tensor(tokens), o['positions'], o['ln'])
     heads = read_attention(layer_sd, cfg, kind, inputs)
     shares = [(None, None)] * len(heads)
     if o['positions'] == 'mean':  # four independent draws: their mean, and half their range
+        print("  token share: the read-out against the real scores, 4 draws ...", flush=True)
         draws = np.array([token_share(sd, cfg, o['layer'], tokens, heads, o['ln'], seed=i) for i in range(4)])
         shares = list(zip(draws.mean(0), (draws.max(0) - draws.min(0)) / 2))
+    print("  scores by key offset ...", flush=True)
     offsets = offset_profile(sd, cfg, o['layer'], tokens, o['ln'])
 
     out = Path(o['report_dir']) if o['report_dir'] else (
         Path(o['out_dir']) / 'interactions' if o['init_from'] == 'resume' else Path(f"interactions-{name}"))
     out.mkdir(parents=True, exist_ok=True)
-    covered = None if counts is None else counts[tokens].sum() / max(1, counts.sum())
-    print(f"{name}: layer {o['layer']} ({kind}), {len(heads)} heads, {len(tokens)} tokens"
-          + (f" ({100 * covered:.2f}% of the counted training tokens)" if covered is not None else '')
-          + f", positions={o['positions']}, ln={o['ln']}")
-    if o['layer'] > 0:
-        print(f"note: layer {o['layer']} is read through the embedding's direct path only; its real input also "
-              f"holds the earlier layers' outputs")
     report = dict(source=str(Path(o['out_dir']) / 'ckpt.pt') if o['init_from'] == 'resume' else o['init_from'],
                   layer=o['layer'], attention=kind,
                   options={k: o[k] for k in ('positions', 'ln', 'top_n', 'min_freq', 'top_k', 'freq_tokens')},
@@ -692,8 +728,9 @@ def main(argv=None):
     tmp.write_text(json.dumps(report, separators=(',', ':')))
     os.replace(tmp, path)
     if o['figures']:
-        write_figures(heads, labels, o['layer'], f"{name} ({kind})", out)
-        offset_figure(offsets, heads, o['layer'], f"{name} ({kind})", out / f"layer{o['layer']}_offsets.png")
+        print(f"writing figures to {out} ...", flush=True)
+        write_figures(heads, labels, o['layer'], source_title(name, kind), out)
+        offset_figure(offsets, heads, o['layer'], source_title(name, kind), out / f"layer{o['layer']}_offsets.png")
     print(f"wrote {path}" + (f" and figures to {out}" if o['figures'] else ''))
     return report
 

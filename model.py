@@ -79,6 +79,9 @@ class GPTConfig:
             raise ValueError("hfa_order must be >= 1 and ha_order >= 2")
         if min(self.ha_window1, self.ha_window2, self.attn_window, self.head_dim) < 0:
             raise ValueError("ha_window1, ha_window2, attn_window and head_dim must be >= 0 (0: full / default)")
+        if not self.causal and (self.ha_window1 or self.ha_window2 or self.attn_window):
+            raise ValueError("ha_window1, ha_window2 and attn_window are causal windows (the last w positions up to "
+                             "the query) and causal=False has none; set them to 0, or causal=True")
         if self.attn_window and set(self.layer_attentions()) == {'ha'}:
             raise ValueError("attn_window applies to sa, linear and hfa heads and this model has none; "
                              "window HyperAttention with ha_window1 / ha_window2")

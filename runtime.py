@@ -4,6 +4,7 @@ checkpoint read safely (this project's or nanoGPT's), GPT-2's weights, and the m
 checkpoint holds. Every failure is a UserError saying what is wrong and how to fix it.
 """
 
+import os
 import re
 from contextlib import nullcontext
 from pathlib import Path
@@ -99,6 +100,62 @@ def model_from_checkpoint(ckpt, path, **override):
     return model
 
 
+def checkpoint_meta(ckpt, path, given='', gpt2_fallback=True):
+    """The tokenizer metadata a checkpoint's tokens are read with: `given` (--meta: a dataset
+    folder, or its meta.json / meta.pkl), else the record the checkpoint carries (ours), else its
+    dataset's meta under data/ (nanoGPT's, as nanoGPT's sample.py finds it), else GPT-2's tokens
+    (None without gpt2_fallback). A vocabulary that is not the checkpoint's is refused: decoding
+    with it indexes past the model's table or reads the wrong characters."""
+    import data
+    vocab = ckpt['model_args']['vocab_size']
+    own = ckpt.get('tokenizer') or None
+    dataset = ckpt.get('dataset') or ckpt.get('config', {}).get('dataset')
+    if given:
+        source = Path(given)
+        if source.is_dir():
+            meta = data.read_meta(source)
+            if meta is None:
+                raise UserError(f"--meta={given}: that folder holds no meta.json or meta.pkl; give the folder of "
+                                f"the dataset the checkpoint was trained on, or its meta file")
+        elif source.is_file():
+            meta = data.read_meta_file(source)
+        else:
+            raise UserError(f"--meta={given} not found; give the folder of the dataset the checkpoint was trained "
+                            f"on, or its meta.json / meta.pkl")
+    elif own:
+        return own
+    else:
+        folder = data.DATA / dataset if dataset else None
+        source = folder and next((folder / n for n in ('meta.json', 'meta.pkl') if (folder / n).exists()), None)
+        meta = source and data.read_meta(folder)
+        if meta is None:
+            if not gpt2_fallback:
+                return None
+            meta = {'tokenizer': 'gpt2', 'vocab_size': 50257}
+            source = (f"GPT-2's tokenizer (the default, since {folder} holds no meta.json or meta.pkl)" if folder
+                      else "GPT-2's tokenizer (the default, since the checkpoint names no dataset)")
+    kind, size = meta.get('tokenizer'), meta['vocab_size']
+    fits = vocab >= size if kind == 'gpt2' else vocab == size
+    if own and own.get('tokenizer') != kind:
+        have = f"the {kind!r} tokenizer, not the {own.get('tokenizer')!r} one it was trained with"
+    elif own and own.get('itos') and own['itos'] != tok_itos(meta):
+        have = f"other characters than the {len(own['itos'])} it was trained on"
+    elif not fits:
+        have = f"{size:,} {'characters' if kind == 'char' else 'tokens'}"
+    else:
+        return meta
+    dataset_name = Path(str(dataset)).name if dataset else 'its dataset'
+    raise UserError(f"checkpoint {path} has a vocabulary of {vocab:,} tokens but {source} has {have}: not the data "
+                    f"it was trained on; give that data's meta: --meta=path/to/{dataset_name} (the dataset folder) "
+                    f"or --meta=path/to/meta.pkl")
+
+
+def tok_itos(meta):
+    """A character vocabulary as a list (nanoGPT's meta.pkl stores {int: str})."""
+    itos = meta.get('itos')
+    return [itos[i] for i in range(len(itos))] if isinstance(itos, dict) else itos
+
+
 def load_gpt2(name, dropout=0.0):
     """GPT-2's weights by name (Hub or its cache) or from a save_pretrained folder."""
     try:
@@ -118,6 +175,11 @@ def init_kind(init_from, choices):
         kind = 'gpt2'
     elif Path(init_from).is_file():
         kind = 'file'
+    elif not Path(init_from).exists() and ('/' in init_from or os.sep in init_from or
+                                            init_from.endswith(('.pt', '.pth', '.ckpt'))):  # meant a path
+        what = 'a checkpoint file (ckpt.pt) or a Hugging Face GPT-2 folder' if 'file' in choices else \
+            'a Hugging Face GPT-2 folder (config.json)'
+        raise UserError(f"init_from {init_from!r}: file not found; give the path of {what}")
     else:
         kind = None
     if kind not in choices:

@@ -6,8 +6,11 @@ Sample text from a trained checkpoint, or from GPT-2's weights.
     python sample.py --init_from=gpt2-xl --start="What is the answer to life?"
 
 Decodes with the tokenizer the training data was prepared with (stored in the
-checkpoint; for a nanoGPT checkpoint, its dataset's meta.pkl, else GPT-2's); GPT-2's
-weights use GPT-2's tokenizer. The same seed gives the same text; temperature=0 decodes
+checkpoint; for a nanoGPT checkpoint, --meta=path/to/dataset or its meta.pkl, else its
+dataset's meta under data/, else GPT-2's); a meta whose vocabulary is not the checkpoint's
+is refused. GPT-2's weights use GPT-2's tokenizer.
+
+    python sample.py --init_from=nanoGPT/out-shakespeare-char/ckpt.pt --meta=nanoGPT/data/shakespeare_char The same seed gives the same text; temperature=0 decodes
 greedily. Keys and values are cached between steps (use_cache=False recomputes the whole
 context at every step).
 """
@@ -18,7 +21,6 @@ from pathlib import Path
 import torch
 
 import configurator
-import data
 import runtime
 import settings
 import tokenizer as tok
@@ -42,12 +44,9 @@ else:
     ckpt_path = Path(out_dir) / 'ckpt.pt' if kind == 'resume' else Path(init_from)
     ckpt = runtime.load_checkpoint(ckpt_path, "train first (python train.py ...) or set --out_dir")
     model = runtime.model_from_checkpoint(ckpt, ckpt_path, dropout=0.0)
-    if 'tokenizer' in ckpt:
-        enc = tok.from_meta(ckpt['tokenizer'])
-    else:  # nanoGPT's: its dataset's meta.pkl, as nanoGPT's sample.py reads it, else GPT-2's tokens
-        dataset = ckpt.get('config', {}).get('dataset')
-        meta = dataset and data.read_meta(Path(__file__).resolve().parent / 'data' / dataset)
-        enc = tok.from_meta(meta) if meta else tok.GPT2Tokenizer()
+    # ours carries its tokenizer; nanoGPT's is read with --meta, else its dataset's meta under
+    # data/, else GPT-2's tokens, as nanoGPT's sample.py does; checked against its vocabulary
+    enc = tok.from_meta(runtime.checkpoint_meta(ckpt, ckpt_path, meta))
 model.eval().to(device)
 if compile:
     print("note: compile=True is accepted for nanoGPT's command lines; sampling runs eagerly", file=sys.stderr)

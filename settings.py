@@ -5,7 +5,8 @@ check() refuses a value outside its range with one line, before anything is writ
 compare.py and the tests read the same tables. Defaults are nanoGPT's (GPT-2 124M on
 OpenWebText), under nanoGPT's names, so a nanoGPT config file runs unchanged.
 
-A range is written as it reads: '>= 1', '> 0', '[0, 1)' (0 included, 1 not), '-1 or >= 1'.
+A range is written as it reads: '>= 1', '> 0', '[0, 1)' (0 included, 1 not), '-1 or >= 1';
+'non-empty' refuses an empty string.
 """
 
 import math
@@ -23,7 +24,7 @@ class Setting(NamedTuple):
 S = Setting
 TRAIN = {
     'I/O': {
-        'out_dir': S('out', "where ckpt.pt, log.jsonl, train_log.jsonl and run.json go"),
+        'out_dir': S('out', "where ckpt.pt, log.jsonl, train_log.jsonl and run.json go", 'non-empty'),
         'overwrite': S(False, "True: a run from scratch may replace the checkpoint and logs already in out_dir"),
         'eval_interval': S(2000, "evaluate (and maybe save) every this many iterations", '>= 1'),
         'log_interval': S(1, "print the training loss every this many iterations", '>= 1'),
@@ -97,7 +98,9 @@ TRAIN = {
         'seed': S(1337, "seeds model init, data order and dropout"),
         'skip_nonfinite': S(False, "skip (and count) steps with a NaN/inf loss or gradient (a sync per step)"),
         'peak_flops': S(0.0, "MFU denominator, FLOP/s per device; 0: hardware.py (CUDA table, else measured "
-                             "once per machine and cached)", '>= 0'),
+                             "with the run's threads and cached)", '>= 0'),
+        'threads': S(0, "CPU threads per process (0: torch's default, a thread per core; DDP on CPU: the "
+                        "cores shared out)", '>= 0'),
     },
 }
 
@@ -105,7 +108,9 @@ SAMPLE = {
     '': {
         'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', "
                                  "a Hugging Face GPT-2 folder, or a checkpoint file"),
-        'out_dir': S('out', "the training run whose ckpt.pt to sample from"),
+        'out_dir': S('out', "the training run whose ckpt.pt to sample from", 'non-empty'),
+        'meta': S('', "the tokenizer of a checkpoint that carries none (nanoGPT's): its dataset folder or "
+                      "meta.pkl; default: data/<its dataset>"),
         'start': S('\n', "prompt text, or FILE:path to read it from a file"),
         'num_samples': S(1, "samples to draw", '>= 1'),
         'max_new_tokens': S(500, "tokens generated per sample", '>= 1'),
@@ -124,7 +129,10 @@ SAMPLE = {
 
 INTERACTIONS = {
     '': {
-        'out_dir': S('out', "the training run whose ckpt.pt to read"),
+        'out_dir': S('out', "the training run whose ckpt.pt to read; several (a,b,c or a glob: seeds of one "
+                            "variant) to match heads across them and report what recurs", 'non-empty'),
+        'meta': S('', "the tokenizer of a checkpoint that carries none (nanoGPT's): its dataset folder or "
+                      "meta.pkl; default: data/<its dataset>"),
         'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a "
                                  "Hugging Face GPT-2 folder"),
         'layer': S(0, "which layer's heads to read (0: the first, read exactly in the token basis)", '>= 0'),
@@ -170,6 +178,10 @@ def check(table, config):
     """Refuse the first value outside its range: one line saying which key, the value and the range."""
     for key, s in flat(table).items():
         value = config.get(key)
+        if s.valid == 'non-empty':  # an empty out_dir would write into the current folder
+            if isinstance(value, str) and not value.strip():
+                raise UserError(f"{key}={value!r} is empty; {key} must name a folder ({s.help}), e.g. --{key}=out-mine")
+            continue
         if not s.valid or not isinstance(value, (int, float)):
             continue
         if not (math.isfinite(value) and _inside(value, s.valid)):

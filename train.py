@@ -116,6 +116,8 @@ if ddp and device.startswith('cuda'):
     torch.cuda.set_device(device)
 elif ddp:  # CPU processes share the cores
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get('LOCAL_WORLD_SIZE', world_size))))
+if threads:
+    torch.set_num_threads(threads)
 master = rank == 0
 accum = gradient_accumulation_steps // world_size  # micro-steps per process
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
@@ -226,8 +228,12 @@ if ckpt is not None:
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
 elif start_kind == 'gpt2':  # GPT-2 weights (nanoGPT's finetune and eval configs)
     if meta.get('tokenizer') != 'gpt2':
+        corpus = data_path.name.removesuffix('_char')  # the embedded corpora: <corpus>_char and <corpus> (GPT-2)
+        fix = (f"python prepare_shakespeare.py --only=gpt2{f' --corpus={corpus}' * (corpus != 'shakespeare')} "
+               f"and train with --dataset={corpus}" if data_path.name.endswith('_char') and corpus in data.GUTENBERG
+               else f"python prepare_openwebtext.py --source=... --tokenizer=gpt2 --name={data_path.name}_gpt2")
         raise UserError(f"init_from={init_from!r} needs GPT-2 tokens, but {data_path} was prepared with the "
-                        f"{meta.get('tokenizer')!r} tokenizer; prepare it with --tokenizer=gpt2")
+                        f"{meta.get('tokenizer')!r} tokenizer; prepare GPT-2 tokens: {fix}")
     weights = runtime.load_gpt2(init_from, dropout)
     refuse_architecture_changes(f"the GPT-2 weights {init_from!r}", asdict(weights.config))
     model_args = asdict(weights.config)
@@ -330,6 +336,9 @@ if master:
     # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
     peak, peak_source = hardware.peak_flops(device, peak_flops, cached=True)
     print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
+    busy = device_type == 'cpu' and not ddp and hardware.busy_cores_notice(torch.get_num_threads())
+    if busy:
+        print(busy)
     step_s = flops_per_token * tokens_per_iter / (peak * world_size)  # at 100% MFU: a lower bound
     if device_type != 'cuda' and step_s > 10 and not eval_only:
         print(f"note: {n_params / 1e6:.0f}M parameters x {tokens_per_iter:,} tokens per iteration is a GPU-sized run: "
@@ -419,7 +428,11 @@ def write_failed(e, what):
     kept = (f"the last good checkpoint {ckpt_path} (iteration {saved_iter}) is untouched; free some space and "
             f"continue with --init_from=resume" if saved_iter is not None else
             "no checkpoint of this run had been saved yet; free some space and start again")
-    return UserError(f"could not write {what} ({getattr(e, 'strerror', None) or e}); {kept}")
+    # torch's zip writer reports a failed write as its own RuntimeError ("unexpected pos ...");
+    # the OSError behind it (ENOSPC on a full disk) is what the user needs to read
+    cause = next((c for c in (e, e.__context__, e.__cause__) if isinstance(c, OSError)), None)
+    reason = getattr(cause, 'strerror', None) or str(cause or e)  # ENOSPC: "No space left on device"
+    return UserError(f"could not write {what} ({reason}); {kept}")
 
 
 def save_checkpoint():
@@ -538,7 +551,24 @@ del ckpt
 
 
 def mfu(tokens_per_s):
-    return flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
+    """Model FLOPs utilisation, never above 100%. Past it, a measured peak was measured under a
+    heavier load than now: it is measured again (and cached); a given or tabled one is clamped."""
+    global peak, peak_source, mfu_clamped
+    value = flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
+    if value is not None and value > 1:
+        if device_type != 'cuda' and not peak_flops:  # hardware.cached_peak's measurement
+            peak, peak_source = hardware.remeasured_peak(device, flops_per_token * tokens_per_s / world_size)
+            print(f"note: MFU {value:.0%} against the cached peak; MFU now against {peak / 1e12:.3g} TFLOP/s "
+                  f"({peak_source})")
+        elif not mfu_clamped:
+            print(f"note: MFU {value:.0%} against {peak / 1e12:.3g} TFLOP/s ({peak_source}): that peak is too low; "
+                  f"MFU is shown as at most 100%")
+            mfu_clamped = True
+        value = min(1.0, flops_per_token * tokens_per_s / (peak * world_size))
+    return value
+
+
+mfu_clamped = False  # the note on a clamped MFU is printed once
 
 
 def sync():

@@ -73,7 +73,6 @@ VARIANTS = {
     'hfa_v2_window':    dict(attention='hfa_v2', attn_window=2, hfa_kron='off'),  # explicit scores
     'hfa_mixed_window': dict(attention='hfa_v1', n_head=4, n_hfa_head=2, hfa_order=2,
                              head_dim=16 // (4 * 2), attn_window=3),
-    'sa_window_noncausal': dict(attention='sa', attn_window=3, causal=False),  # no window without causality
 }
 
 
@@ -543,6 +542,16 @@ def test_flops_per_token_sa_closed_form():
 
 # -----------------------------------------------------------------------------
 # 5. configuration errors and per-layer choice
+
+@pytest.mark.parametrize('kw', [dict(attention='ha', ha_window1=4), dict(attention='ha', ha_window2=2),
+                                dict(attention='sa', attn_window=3)])
+def test_windows_without_causality_are_refused(kw):
+    """A window is the last w positions up to the query: causal=False has none, and ignoring it
+    would run another model than the one asked for."""
+    with pytest.raises(ValueError, match='causal windows .* causal=False has none; set them to 0, or causal=True'):
+        GPTConfig(**{**BASE, **kw, 'causal': False})
+    GPTConfig(**{**BASE, **kw})  # causal: accepted
+
 
 def test_unknown_attention_lists_valid_ones():
     with pytest.raises(ValueError, match=f"unknown attention 'flash'; valid: {', '.join(ATTENTIONS)}$"):

@@ -31,6 +31,7 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_
         '--gradient_accumulation_steps=1', '--device=cpu', '--eval_iters=2', '--eval_interval=2',
         '--warmup_iters=0', '--log_interval=1000']
 SAMPLE = ['--device=cpu', '--max_new_tokens=2', '--num_samples=1']
+NANOGPT_CKPT = ROOT / 'tests' / 'fixtures' / 'nanogpt_ckpt.pt'  # 16 tokens, its config's dataset 'shakespeare_char'
 
 
 def make_data(folder, itos=ITOS, n_train=2000, n_val=400):
@@ -61,6 +62,12 @@ def setup_workspace(w):
     ids = np.fromfile(w / 'data_bigid' / 'val.bin', dtype=np.uint16)
     ids[7] = 20                                                       # beyond the 16-token vocabulary
     ids.tofile(w / 'data_bigid' / 'val.bin')
+    make_data(w / 'shakespeare_char')                                 # the embedded corpus's character folder
+    (w / 'cfg.yaml').write_text("n_layer: 2\nmax_iters: 2\n")
+    (w / 'annotated.py').write_text("n_layer: 2\n")                   # YAML's syntax, valid Python that sets nothing
+    nano = torch.load(NANOGPT_CKPT, weights_only=True)
+    nano['config']['dataset'] = str(w / 'data20')                     # its dataset here has another vocabulary
+    torch.save(nano, w / 'nano_ckpt.pt')
     (w / 'cmp.py').write_text("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\n"
                               "gradient_accumulation_steps = 1\nmax_iters = 2\ndevice = 'cpu'\n")
 
@@ -161,11 +168,40 @@ ROWS.update({
                            "argument --tokenizer: invalid choice: 'bpe' (choose from 'gpt2', 'char')"),
     'compare_unbuildable_preset': ('compare.py', [*CMP, '--variants', 'bad', '--preset', 'bad', 'n_head=3'],
                                    "variant bad cannot be built (n_embd=16 is not divisible by n_head=3"),
+    # a checkpoint's vocabulary against the meta sample.py would decode it with
+    'sample_nanogpt_meta_other_vocab': ('sample.py', [f'--init_from={NANOGPT_CKPT}', '--meta={w}/data20', *SAMPLE],
+                                        f"checkpoint {NANOGPT_CKPT} has a vocabulary of 16 tokens but {{w}}/data20 has "
+                                        f"20 characters: not the data it was trained on; give that data's meta: "
+                                        f"--meta=path/to/shakespeare_char (the dataset folder) or --meta=path/to/meta.pkl"),
+    'sample_nanogpt_dataset_other_vocab': ('sample.py', ['--init_from={w}/nano_ckpt.pt', *SAMPLE],
+                                           "data20/meta.json has 20 characters: not the data it was trained on; give "
+                                           "that data's meta: --meta=path/to/data20"),
+    'sample_meta_other_characters': ('sample.py', ['--out_dir={out}', '--meta={w}/data16b', *SAMPLE],
+                                     "checkpoint {w}/out/ckpt.pt has a vocabulary of 16 tokens but {w}/data16b has "
+                                     "other characters than the 16 it was trained on"),
+    'sample_meta_missing': ('sample.py', ['--out_dir={out}', '--meta={w}/nowhere', *SAMPLE],
+                            "--meta={w}/nowhere not found; give the folder of the dataset"),
+    # one-liners
+    'empty_out_dir': ('train.py', ['--out_dir='], "out_dir='' is empty; out_dir must name a folder"),
+    'sample_empty_out_dir': ('sample.py', ['--out_dir=', *SAMPLE], "out_dir='' is empty; out_dir must name a folder"),
+    'init_from_missing_file': ('train.py', ['--init_from={w}/no_such.pt', *FRESH],
+                               "init_from '{w}/no_such.pt': file not found; give the path of a checkpoint file"),
+    'sample_init_from_missing_file': ('sample.py', ['--init_from={w}/out/no_such.pt', *SAMPLE],
+                                      "init_from '{w}/out/no_such.pt': file not found"),
+    'gpt2_weights_on_char_data': ('train.py', ['--init_from=gpt2', '--data_dir={w}/shakespeare_char', *FRESH],
+                                  "needs GPT-2 tokens, but {w}/shakespeare_char was prepared with the 'char' tokenizer; "
+                                  "prepare GPT-2 tokens: python prepare_shakespeare.py --only=gpt2 and train with "
+                                  "--dataset=shakespeare"),
+    'yaml_config_file': ('train.py', ['{w}/cfg.yaml', *FRESH], "config file {w}/cfg.yaml is not a Python file (.py)"),
+    'annotation_config_file': ('train.py', ['{w}/annotated.py', *FRESH],
+                               "config file {w}/annotated.py line 1: 'n_layer: 2' assigns nothing (a type annotation); "
+                               "write n_layer = 2"),
     # FSDP: a choice among two, and only under torchrun
     'parallel_unknown': ('train.py', ['--parallel=zero3', *FRESH], "parallel='zero3' is not a choice; valid: ddp, fsdp"),
     'fsdp_without_torchrun': ('train.py', ['--parallel=fsdp', *FRESH],
                               "parallel='fsdp' shards the model over processes started by torchrun"),
 })
+IN_WORKSPACE = {'empty_out_dir', 'sample_empty_out_dir'}  # run from their workspace: a run into '' writes there
 if torch.backends.mps.is_available():  # these rows need a machine without the device
     del ROWS['device_mps_absent']
 if torch.cuda.is_available():
@@ -178,7 +214,7 @@ def command(row, w):
     args = [fill(a) for a in args]
     if script == 'train.py':  # defaults first: a row's own --data_dir/--out_dir comes later and wins
         args = [*TINY, f'--data_dir={w / "data"}', f'--out_dir={w / "out"}', *args]
-    return [PY, script, *args]
+    return [PY, str(ROOT / script), *args]
 
 
 def snapshot(folder):
@@ -211,7 +247,8 @@ def results(tmp_path_factory):
             row = pending.pop(0)
             extra = ROWS[row][3] if len(ROWS[row]) > 3 else {}
             row_env = {k: v for k, v in {**env, **extra}.items() if v is not None}
-            procs[row] = subprocess.Popen(command(row, work[row]), cwd=ROOT, env=row_env, text=True,
+            procs[row] = subprocess.Popen(command(row, work[row]), cwd=work[row] if row in IN_WORKSPACE else ROOT,
+                                          env=row_env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for row, p in list(procs.items()):
             if p.poll() is not None or time.time() - t0 > 600:
@@ -241,6 +278,7 @@ def test_bad_input(results, row):
     assert 'could run code' not in lines[0] or 'system' in lines[0], info  # corrupt is not unsafe
     if '--out_dir={w}/fresh' in ROWS[row][1] or '{w}/fresh' in ROWS[row][1]:
         assert not (w / 'fresh').exists(), f"the refused run created its out_dir\n{info}"
+    assert set(r['after']) == set(r['before']), f"the refused run wrote files\n{info}"
 
 
 def test_value_containing_equals_is_kept_whole(results):

@@ -548,3 +548,59 @@ def test_help_and_bad_inputs(tmp_path):
             ia.main(args)
         assert message in str(e.value), (args, str(e.value))
     assert not (tmp_path / 'ha4' / 'interactions').exists()  # nothing written by a refused run
+
+
+def test_figures_name_the_variant_once_and_progress_comes_first(tmp_path, monkeypatch, capsys):
+    """An out_dir called 'sa' titled its figures 'sa (sa): layer 0 head 0 (sa)'; and the read-out
+    said nothing until it had computed everything (40 s on a large vocabulary)."""
+    cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, bias=False, attention='sa')
+    save_ckpt(tmp_path / 'sa', GPT(cfg), list('abcdefghijklmnop'))
+    titles = []
+
+    def said_first(*args):
+        assert 'layer 0 (sa), 2 heads, 16 tokens' in capsys.readouterr().out  # before the computing starts
+        return read_attention(*args)
+
+    def record(panels, panel_titles, labels, axis_names, suptitle, path):
+        titles.extend([*panel_titles, suptitle])
+    read_attention = ia.read_attention
+    monkeypatch.setattr(ia, 'read_attention', said_first)
+    monkeypatch.setattr(ia, 'heatmaps', record)
+    monkeypatch.setattr(ia, 'offset_figure', lambda profiles, heads, layer, name, path: titles.append(name))
+    ia.main([f'--out_dir={tmp_path / "sa"}', '--min_freq=0'])
+    assert 'writing figures to' in capsys.readouterr().out
+    assert titles and 'sa: layer 0 head 0' in titles and 'sa: layer 0, every head' in titles
+    assert not [t for t in titles if '(sa)' in t], titles
+    assert ia.source_title('out-cpu', 'hfa_v1') == 'out-cpu (hfa_v1)' and ia.source_title('out-ha', 'ha') == 'out-ha'
+
+
+def test_heatmap_names_every_token_readably():
+    """84 tokens (the Shakespeare characters) on each axis: every one named, in 8-point type with
+    room between labels (they were 5-point, touching, past 40 tokens)."""
+    from experiments.common import plt
+    labels = [ia.token_text(c) for c in "\n !\"&'(),-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz0123456789"][:84]
+    fig = ia.heatmap_figure([torch.randn(84, 84)] * 4, ['a', 'b', 'c', 'd'], labels, ('query', 'key'), 'title')
+    fig.canvas.draw()
+    for ax in [a for a in fig.axes if a.images]:
+        ticks = ax.get_xticklabels()
+        assert [t.get_text() for t in ticks] == labels and min(t.get_fontsize() for t in ticks) >= 8
+        height_pt = ax.get_window_extent().height * 72 / fig.dpi
+        assert height_pt / 84 >= 1.1 * 8, height_pt / 84  # each label has its own line, with a gap
+    plt.close(fig)
+
+
+def test_a_nanogpt_checkpoint_is_read_with_its_meta(tmp_path, char_data):
+    """A checkpoint without its tokenizer (nanoGPT's) is labelled through --meta; a meta of another
+    vocabulary, found by the checkpoint's dataset name, is refused as in sample.py."""
+    ckpt = torch.load(ROOT / 'tests' / 'fixtures' / 'nanogpt_ckpt.pt', weights_only=True)
+    other = tmp_path / 'data20'
+    other.mkdir()
+    (other / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 20, 'itos': list('abcdefghijklmnopqrst')}))
+    ckpt['config']['dataset'] = str(other)
+    (tmp_path / 'nano').mkdir()
+    torch.save(ckpt, tmp_path / 'nano' / 'ckpt.pt')
+    with pytest.raises(ia.UserError, match=r"has a vocabulary of 16 tokens but .*data20/meta.json has 20 characters: "
+                                           r"not the data it was trained on; give that data's meta: --meta="):
+        ia.main([f'--out_dir={tmp_path / "nano"}', '--figures=False'])
+    report = ia.main([f'--out_dir={tmp_path / "nano"}', f'--meta={char_data}', '--figures=False', '--min_freq=0'])
+    assert [t['text'] for t in report['tokens']] == list('abcdefghijklmnop')

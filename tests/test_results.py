@@ -293,3 +293,16 @@ def test_scale_grids_train_the_chosen_rates_five_seeds_and_check_the_edges(tmp_p
     wide, _, _ = cpu_grids.grid('wide')
     assert sorted(p for p, o in wide.items() if o['seeds'] == '0,1,2,3,4') == [
         'ha_share_w_d192_lr8e-3', 'ha_share_w_d48_lr8e-3', 'sa_w16_d192_lr4e-3', 'sa_w16_d48_lr4e-3']
+
+
+def test_readout_grid_trains_sa_linear_and_hfa_at_two_rates_then_five_seeds(tmp_path, monkeypatch):
+    from tools import cpu_grids
+    _write_grids(tmp_path, {'lr_sweep': json.loads((ROOT / 'grids' / 'lr_sweep' / 'results.json').read_text())})
+    monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
+    variants, _, extra = cpu_grids.grid('readout')
+    assert sorted(variants) == ['hfa_lr2e-3', 'hfa_lr4e-3', 'linear_lr1e-3', 'linear_lr2e-3', 'sa_lr4e-3', 'sa_lr8e-3']
+    assert all(o['seeds'] == 1 for o in variants.values()) and extra['max_iters'] == 12000
+    winners = ['hfa_lr2e-3', 'linear_lr1e-3', 'sa_lr8e-3']
+    _write_grids(tmp_path, {'readout': [_scale_row(p, {0: 1.5 if p in winners else 1.6}) for p in variants]})
+    variants, _, _ = cpu_grids.grid('readout')
+    assert sorted(p for p, o in variants.items() if o['seeds'] == '0,1,2,3,4') == winners

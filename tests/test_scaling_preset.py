@@ -34,7 +34,7 @@ def test_dry_run_lists_every_run_with_its_budget(size, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and not Path(args.out).joinpath('runs').exists()
     runs = [l for l in text.splitlines() if ' seed ' in l and '[scratch]' in l]
-    assert [l.split(' [')[0] for l in runs] == [f'{v} seed {s}' for v in VARIANTS for s in (0, 1, 2)]
+    assert [l.split(' [')[0] for l in runs] == [f'{v} seed {s}' for s in (0, 1, 2) for v in VARIANTS]  # seed by seed
     per_variant, total = grid.grid_budget(args, list(variants.values()), args.seeds)
     for line in runs:
         assert grid.gpu_time_text(per_variant[line.split(' seed ')[0]]['gpu_hours']) in line

@@ -63,7 +63,7 @@ def runs(data, tmp_path_factory):
     hooks = ['tests/train_hooks.py', 'train.py']
     p = {
         'main': start(data, tmp / 'main', '--max_iters=10', '--lr_decay_iters=10', '--eval_interval=5',
-                      '--log_interval=2', '--peak_flops=1e9'),
+                      '--log_interval=2', '--peak_flops=1e11'),
         'two': start(data, tmp / 'two', '--max_iters=4', *two),
         # TORCH_COMPILE_DISABLE makes torch.compile a no-op: the notice, not compilation, is tested
         'compile': start(data, tmp / 'compile', '--max_iters=2', '--eval_interval=2', '--log_interval=1',
@@ -94,19 +94,19 @@ def test_log_lines_print_mfu_against_the_given_peak(run):
     lines = re.findall(r'iter (\d+)/10 \(\d+%\): loss [\d.]+, time \d+ms, ([\d,]+) tokens/s, mfu ([\d.]+)%', stdout)
     assert [int(i) for i, _, _ in lines] == [2, 4, 6, 8]  # log_interval=2; iteration 0 is the first step
     for _, tps, mfu in lines:
-        slack = 100 * fpt * 0.5 / 1e9 + 0.005  # tokens/s is printed to the unit, MFU to 0.01%
-        assert float(mfu) == pytest.approx(100 * fpt * float(tps.replace(',', '')) / 1e9, abs=slack)
+        slack = 100 * fpt * 0.5 / 1e11 + 0.005  # tokens/s is printed to the unit, MFU to 0.01%
+        assert float(mfu) == pytest.approx(100 * fpt * float(tps.replace(',', '')) / 1e11, abs=slack)
 
 
 @pytest.mark.slow
 def test_log_jsonl_and_run_json_carry_mfu(run):
     out, _ = run
     info = json.loads((out / 'run.json').read_text())
-    assert info['peak_flops'] == 1e9 and info['peak_flops_source'] == 'given'
+    assert info['peak_flops'] == 1e11 and info['peak_flops_source'] == 'given'
     log = jsonl(out / 'log.jsonl')
     assert [r['iter'] for r in log] == [0, 5, 10] and log[0]['mfu'] is None  # nothing trained at 0
     for r in log[1:]:
-        assert 0 < r['mfu'] == pytest.approx(info['flops_per_token'] * r['tokens_per_s'] / 1e9, abs=1e-4)
+        assert 0 < r['mfu'] == pytest.approx(info['flops_per_token'] * r['tokens_per_s'] / 1e11, abs=1e-4)
 
 
 @pytest.mark.slow

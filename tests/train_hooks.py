@@ -8,7 +8,9 @@ them. For the tests only:
 NANOHFA_TEST_DIE_AT: process RANK (default 0) sends itself SIGKILL at the start of iteration
 ITER (WHERE=step, the default: that iteration's first training forward), halfway through
 writing that iteration's checkpoint (save: torch.save writes it, then the file is cut to half
-its size), or sends itself SIGTERM during that iteration's step (term). The iteration is
+its size), or sends itself SIGTERM during that iteration's step (term); with WHERE=full, that
+iteration's checkpoint meets a full disk instead (every write past its first 256 bytes raises
+OSError ENOSPC, as on a real one, where torch's writer then raises "unexpected pos ..."). The iteration is
 train.py's own `iter_num`, read from its globals while it runs.
 
 NANOHFA_TEST_READS: every host read of a tensor (item, tolist, cpu, numpy, float, int, bool)
@@ -19,6 +21,7 @@ Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`.
 """
 
 import atexit
+import errno
 import json
 import os
 import runpy
@@ -38,6 +41,29 @@ def die_at(at, rank=0, where='step'):
         return
     import torch
     from model import GPT
+    if where == 'full':
+        save = torch.save
+
+        class FillingDisk:
+            """The checkpoint file on a disk that fills halfway through it: a write past the first
+            256 bytes raises the OSError a full disk raises (ENOSPC), and torch's writer reports it."""
+            def __init__(self, f):
+                self.f, self.written = f, 0
+
+            def write(self, b):
+                if self.written + len(b) > 256:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                self.written += len(b)
+                return self.f.write(b)
+
+            def flush(self):
+                self.f.flush()
+
+        def save_onto_a_full_disk(obj, f, *args, **kw):
+            full = isinstance(obj, dict) and obj.get('iter_num') == at
+            return save(obj, FillingDisk(f) if full else f, *args, **kw)
+        torch.save = save_onto_a_full_disk
+        return
     if where == 'save':
         save = torch.save
 

@@ -26,6 +26,8 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   recorded in the committed results.json, which compare.py reads as finished on a fresh clone:
       nice -n 19 python tools/cpu_grids.py long12k,wide --jobs 2 --runs_root ~/nanohfa-runs
       python tools/cpu_grids.py long12k --collect_only    # the results so far (never fewer runs)
+- readout: SA, linear and HFA at long12k's length, 5 seeds, for the read-out across seeds
+  (interactions.py --out_dir='<runs>/seed*'; windowed SA and shared HA are long12k's runs).
 `python tools/grid_report.py` turns the results into RESULTS.md's tables and figures.
 """
 
@@ -144,6 +146,8 @@ def _grid(name, only):
             lr = cands[chosen[v]]['learning_rate'] / 2
             variants[f'{v}_lr{lr_tag(lr)}'] = {**with_lr(VARIANTS[v], lr), 'seeds': 1}
         return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
+    if name == 'readout':
+        return readout_grid(), 1, dict(max_iters=LONG_ITERS['long12k'], lr_decay_iters=LONG_ITERS['long12k'], **LONG_EXTRA)
     if name == 'wide':
         return wide_grid(), 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
     if name in ('long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more'):
@@ -218,24 +222,30 @@ def wide_candidates():
 
 
 def wide_choice():
-    """{(variant, width): preset} of the lower final selection-half loss of each pair of
-    seed-0 runs; None until all have finished (read from the run folders or, on a fresh clone,
-    from the committed results)."""
-    path = GRIDS / 'wide' / 'results.json'
+    """{(variant, width): preset} of the rate chosen at each width; None until all have finished."""
+    return seed0_choice('wide', wide_candidates(), LONG_ITERS['long3k'],
+                        lambda p: (p.split('_d')[0], int(p.split('_d')[1].split('_lr')[0])))
+
+
+def seed0_choice(grid_name, candidates, iters, group=lambda p: p.split('_lr')[0]):
+    """{group: preset} of the candidate with the lower final selection-half loss of its seed-0
+    run at full length, within each group of candidates (a variant's rates); None until every
+    seed-0 run has finished. Read from the run folders or, on a fresh clone, from the grid's
+    committed results.json (runs/ is not in git)."""
+    path = GRIDS / grid_name / 'results.json'
     committed = {r['variant']: r for r in json.loads(path.read_text())} if path.exists() else {}
     finals = {}
-    for preset in wide_candidates():
-        log = GRIDS / 'wide' / 'runs' / preset / 'seed0' / 'log.jsonl'
+    for preset in candidates:
+        log = GRIDS / grid_name / 'runs' / preset / 'seed0' / 'log.jsonl'
         rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
         seed0 = [r for r in committed.get(preset, {}).get('runs', []) if r['seed'] == 0 and r['tokens']]
-        if rows and rows[-1]['iter'] >= LONG_ITERS['long3k']:
+        if rows and rows[-1]['iter'] >= iters:
             finals[preset] = rows[-1]['val_loss']
         elif seed0:
             finals[preset] = seed0[0]['val_loss']
         else:
             return None
-    key = lambda p: (p.split('_d')[0], int(p.split('_d')[1].split('_lr')[0]))
-    return {k: min((p for p in finals if key(p) == k), key=finals.get) for k in {key(p) for p in finals}}
+    return {k: min((p for p in finals if group(p) == k), key=finals.get) for k in {group(p) for p in finals}}
 
 
 def wide_grid():
@@ -253,24 +263,31 @@ def long_candidates():
 def long_choice():
     """{variant: preset} of the rate chosen for each LONG variant: the lower final selection-half
     val loss of its two seed-0 runs at full length; None until all of them have finished."""
-    finals = {}
-    committed = {r['variant']: r for r in json.loads(path.read_text())} if (path := GRIDS / 'long' / 'results.json').exists() else {}
-    for preset in long_candidates():
-        log = GRIDS / 'long' / 'runs' / preset / 'seed0' / 'log.jsonl'
-        rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
-        seed0 = [r for r in committed.get(preset, {}).get('runs', []) if r['seed'] == 0 and r['tokens']]
-        if rows and rows[-1]['iter'] >= LONG_ITERS['long']:
-            finals[preset] = rows[-1]['val_loss']
-        elif seed0:  # a fresh clone: no run folders, the committed results hold seed 0's final loss
-            finals[preset] = seed0[0]['val_loss']
-        else:
-            return None
-    return {v: min((p for p in finals if p.split('_lr')[0] == v), key=finals.get) for v in LONG}
+    chosen = seed0_choice('long', long_candidates(), LONG_ITERS['long'])
+    return chosen and {v: chosen[v] for v in LONG}
+
+
+# The read-out seeds (docs/interactions.md, section 4): checkpoints of 5 seeds of each variant,
+# read across seeds by interactions.py. Windowed SA and shared HA are long12k's runs; SA, linear
+# and HFA train here at the same length and split, each at the better (seed 0, selection half)
+# of two rates: lr_sweep's best and half of it (linear, not in the sweep: config/compare_cpu.py's
+# 2e-3 and half of it).
+READOUT = {'sa': VARIANTS['sa'], 'linear': dict(attention='linear'), 'hfa': VARIANTS['hfa']}
+
+
+def readout_candidates():
+    best = {**best_lrs(['sa', 'hfa']), 'linear': 2e-3}
+    return {f'{v}_lr{lr_tag(lr)}': with_lr(o, lr) for v, o in READOUT.items() for lr in (best[v], best[v] / 2)}
+
+
+def readout_grid():
+    chosen = (seed0_choice('readout', readout_candidates(), LONG_ITERS['long12k']) or {}).values()
+    return {p: {**o, 'seeds': LONG12K_SEEDS if p in chosen else 1} for p, o in readout_candidates().items()}
 
 
 ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
          'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more',
-         'long12k', 'wide']
+         'long12k', 'wide', 'readout']
 
 
 def command(name, jobs, only=None, collect_only=False):
@@ -321,7 +338,8 @@ def main():
             if name == 'step_times':
                 continue
         # the long and wide grids run twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
-        unchosen = (name == 'long' and not long_choice()) or (name == 'wide' and not wide_choice())
+        unchosen = (name == 'long' and not long_choice()) or (name == 'wide' and not wide_choice()) or \
+            (name == 'readout' and not seed0_choice('readout', readout_candidates(), LONG_ITERS['long12k']))
         for _ in range(2 if unchosen and not a.dry_run else 1):
             cmd = command(name, a.jobs, only, a.collect_only)
             print('+', ' '.join(cmd), flush=True)

@@ -1,0 +1,200 @@
+"""
+What recurs across seeds: the interaction read-out of interactions.py for several checkpoints
+of one variant (seeds), with heads matched across seeds and, per structure, the number of
+seeds in which it appears.
+
+    python interactions.py --out_dir=out-a,out-b,out-c --layer=0
+    python interactions.py --out_dir='grids/long12k/runs/sa_w16_lr4e-3/seed*' --top_k=20
+
+One seed's read-out shows what one model learned; a structure that only one seed has says
+nothing about the architecture. So:
+
+Matching. Training permutes heads freely: head h of one seed has no reason to be head h of
+another. Each seed's heads are matched to the first seed's (the reference) by the one-to-one
+assignment that maximises the summed Spearman rank correlation of the heads' ranked
+coefficients (the query-centred coefficient of a softmax head, the raw one of a linear head:
+all N^2 pairs, or N^3 triples for HA, flattened; scipy's linear_sum_assignment). A head
+group is a reference head with its match in every other seed.
+
+Stability of a group: the rank correlation of the reference head with each of its matches,
+beside the baseline of unrelated heads (the mean |rho| of every reference head against the
+heads of another seed that the assignment did not match to it), and the top-k overlap (how
+many of the reference head's k largest entries are among its match's k largest) beside its
+chance level, k^2 / M for two random k-subsets of M entries.
+
+Recurrence of a structure (a pair `a -> b`, a triple `a <- (b, c)`): in how many seeds it is
+among the group's matched head's top k. The report lists first what a majority of seeds
+share, then each seed's own top list, labelled as one seed's.
+"""
+
+import glob
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from errors import UserError
+
+
+def checkpoint_dirs(out_dir):
+    """'a,b,c' or a glob ('runs/sa/seed*') -> the checkpoint folders, in order; None for one folder."""
+    if ',' not in out_dir and not glob.has_magic(out_dir):
+        return None
+    parts = [p for p in out_dir.split(',') if p]
+    dirs = []
+    for p in parts:
+        found = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
+        dirs += [d for d in found if os.path.isdir(d)]
+    missing = [d for d in dirs if not (Path(d) / 'ckpt.pt').exists()]
+    if missing:
+        raise UserError(f"no ckpt.pt in {', '.join(missing)}; give folders that train.py wrote")
+    if len(dirs) < 2:
+        raise UserError(f"--out_dir={out_dir} names {len(dirs)} checkpoint folder(s); give two or more "
+                        f"(a comma list or a glob) to compare seeds, or one folder for one model")
+    return dirs
+
+
+def ranks(x, rel=1e-3):
+    """Average ranks of the entries, on values rounded to rel x the largest magnitude: the
+    read-out states coefficients to 3 significant digits, and an order below that (a trained
+    zero's 1e-4 of noise) is not one a reader could see, so such values count as ties."""
+    from scipy.stats import rankdata
+    flat = x.reshape(-1).double().numpy()
+    step = rel * max(np.abs(flat).max(), 1e-300)
+    return torch.from_numpy(rankdata(np.round(flat / step)))
+
+
+def spearman(x, y):
+    """Rank correlation of two coefficient arrays of the same shape (Pearson's on average ranks)."""
+    a, b = ranks(x), ranks(y)
+    a, b = a - a.mean(), b - b.mean()
+    return float((a @ b) / (a.norm() * b.norm()))
+
+
+def top_set(x, k):
+    """The flat indices of the k largest entries."""
+    return set(torch.topk(x.reshape(-1), k).indices.tolist())
+
+
+def match_heads(ref, other, key='ranked'):
+    """(assignment, rho): assignment[i] is the head of `other` matched to head i of `ref`, the
+    one-to-one map with the largest summed Spearman correlation; rho[i, j] every correlation."""
+    from scipy.optimize import linear_sum_assignment
+    rho = np.array([[spearman(a[key], b[key]) for b in other] for a in ref])
+    rows, cols = linear_sum_assignment(-rho)
+    assignment = np.empty(len(ref), dtype=int)
+    assignment[rows] = cols
+    return assignment, rho
+
+
+def structure_text(index, shape, labels):
+    ix = np.unravel_index(index, shape)
+    t = [labels[i] for i in ix]
+    return f"{t[0]} -> {t[1]}" if len(t) == 2 else f"{t[0]} <- ({t[1]}, {t[2]})"
+
+
+def seed_stability(seeds_heads, labels, k=20, key='ranked'):
+    """The cross-seed report of one layer: seeds_heads[s] is seed s's list of per-head read-outs
+    (interactions.read_attention), seed 0 the reference. Returns a dict: one entry per head
+    group (stability, overlap, chance, recurring structures, each seed's own top list) and the
+    matching's method and baseline."""
+    ref = seeds_heads[0]
+    n_seeds = len(seeds_heads)
+    assignments, matched_rho, unrelated = [list(range(len(ref)))], [], []
+    for other in seeds_heads[1:]:
+        if len(other) != len(ref):
+            raise UserError(f"the seeds' layers have {len(ref)} and {len(other)} heads: not one variant")
+        a, rho = match_heads(ref, other, key)
+        assignments.append(a.tolist())
+        matched_rho.append([rho[i, a[i]] for i in range(len(ref))])
+        unrelated += [abs(rho[i, j]) for i in range(len(ref)) for j in range(len(other)) if j != a[i]]
+    baseline = float(np.mean(unrelated)) if unrelated else float('nan')
+    groups = []
+    for i, r in enumerate(ref):
+        shape, size = tuple(r[key].shape), r[key].numel()
+        kk = min(k, size)
+        tops = [top_set(seeds_heads[s][assignments[s][i]][key], kk) for s in range(n_seeds)]
+        counts = {}
+        for t in tops:
+            for j in t:
+                counts[j] = counts.get(j, 0) + 1
+        mean_value = lambda j: float(np.mean([seeds_heads[s][assignments[s][i]][key].reshape(-1)[j]
+                                              for s in range(n_seeds)]))
+        recurring = sorted((j for j, c in counts.items() if c > n_seeds / 2), key=lambda j: (-counts[j], -mean_value(j)))
+        groups.append(dict(
+            heads=[assignments[s][i] for s in range(n_seeds)],
+            rho=[float(x[i]) for x in matched_rho],
+            overlap=[len(tops[0] & t) for t in tops[1:]],
+            chance=kk * kk / size,
+            recurring=[dict(text=structure_text(j, shape, labels), seeds=counts[j], mean=mean_value(j))
+                       for j in recurring],
+            per_seed=[[structure_text(j, shape, labels) for j in sorted(t, key=lambda j: -float(
+                seeds_heads[s][assignments[s][i]][key].reshape(-1)[j]))] for s, t in enumerate(tops)],
+        ))
+    return dict(method='heads matched to seed 0 by the assignment maximising summed Spearman correlation '
+                       f'of the {key} coefficients (scipy linear_sum_assignment)',
+                top_k=k, seeds=n_seeds, unrelated_rho=baseline, groups=groups)
+
+
+def stability_lines(report, names):
+    """The printed summary: majority-recurring structure first, then each seed's own lists."""
+    n, k = report['seeds'], report['top_k']
+    lines = [f"{n} seeds ({', '.join(names)}); heads matched to the first by rank correlation; "
+             f"unrelated head pairs |rho| {report['unrelated_rho']:.2f} on average"]
+    for g, group in enumerate(report['groups']):
+        heads = ' = '.join(f"seed{s}:h{h}" for s, h in enumerate(group['heads']))
+        lines.append(f"group {g} ({heads}): rho {np.mean(group['rho']):.2f} [{min(group['rho']):.2f}, "
+                     f"{max(group['rho']):.2f}], top-{k} overlap {np.mean(group['overlap']):.1f} of {k} "
+                     f"(chance {group['chance']:.2f})")
+        rec = group['recurring']
+        lines.append(f"  in a majority of seeds ({len(rec)}): "
+                     + (';  '.join(f"{r['text']} ({r['seeds']}/{n})" for r in rec[:10]) or 'nothing'))
+    lines.append('each seed alone (one model each, not the architecture):')
+    for g, group in enumerate(report['groups']):
+        for s, top in enumerate(group['per_seed']):
+            lines.append(f"  group {g} seed {s}: " + ';  '.join(top[:5]))
+    return lines
+
+
+def main(o, dirs):
+    """interactions.py over several checkpoints of one variant: read each, match, report."""
+    import interactions as ia
+    loaded = [ia.load_source(d, 'resume', o['meta']) for d in dirs]
+    cfg0 = loaded[0][1]
+    same = [k for k in cfg0.__dataclass_fields__ if k not in ('dropout',)]
+    for d, (_, cfg, *_rest) in zip(dirs[1:], loaded[1:]):
+        diff = [k for k in same if getattr(cfg, k) != getattr(cfg0, k)]
+        if diff:
+            what = ', '.join(f"{k}: {getattr(cfg, k)!r} vs {getattr(cfg0, k)!r}" for k in diff[:3])
+            raise UserError(f"{d} is another model than {dirs[0]} ({what}); give seeds of one variant")
+    kinds = cfg0.layer_attentions()
+    if not 0 <= o['layer'] < len(kinds):
+        raise UserError(f"layer={o['layer']} but the model has {len(kinds)} layers (0..{len(kinds) - 1})")
+    kind = kinds[o['layer']]
+    n = o['top_n'] or (ia.AUTO_N_TRIPLES if kind == 'ha' else ia.AUTO_N_PAIRS)
+    _, _, meta, dataset, _ = loaded[0]
+    tokens, _ = ia.select_tokens(o['data_dir'], dataset, cfg0.vocab_size, n, o['min_freq'], o['freq_tokens'])
+    all_labels = ia.token_labels(meta, cfg0.vocab_size)
+    labels = [all_labels[i] for i in tokens]
+    prefix = f'transformer.h.{o["layer"]}.attn.'
+    seeds_heads = []
+    for i, (d, (sd, cfg, *_rest)) in enumerate(zip(dirs, loaded)):
+        print(f"reading {d} ({i + 1} of {len(dirs)}): layer {o['layer']} ({kind}), {len(tokens)} tokens", flush=True)
+        inputs = ia.token_inputs(sd, cfg, o['layer'], torch.tensor(tokens), o['positions'], o['ln'])
+        layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        seeds_heads.append(ia.read_attention(layer_sd, cfg, kind, inputs))
+    report = seed_stability(seeds_heads, labels, k=o['top_k'])
+    report.update(sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
+                  tokens=[all_labels[t] for t in tokens])
+    for line in stability_lines(report, [Path(d).name for d in dirs]):
+        print(line)
+    out = Path(o['report_dir']) if o['report_dir'] else Path(dirs[0]).parent / f"interactions-seeds-layer{o['layer']}"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / 'seeds.json'
+    tmp = path.with_suffix('.json.tmp')
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+    return report
