@@ -14,6 +14,7 @@ Under torchrun (slow; 2 CPU processes, gloo, a 2-layer 32-wide GPT, OMP_NUM_THRE
   dtype=bfloat16 (mixed precision) trains near fp32's losses (within 0.02) and saves fp32;
 - FSDP resume is exact: rank 1 SIGKILLs itself at iteration 10, the run resumes from the
   iteration-8 checkpoint, and every loss and evaluation equals the uninterrupted run's bit for bit;
+  the same after SIGTERM (both processes finish step 5, save iteration 6 together and exit 0);
 - an FSDP checkpoint is an ordinary ckpt.pt: the DDP run's tensors, the same keys; sample.py
   draws the same tokens from it as from the DDP one; interactions.py reads the same
   coefficients; one process resumes it (parallel='fsdp' inherited from the checkpoint: the
@@ -159,9 +160,12 @@ def runs(tmp_path_factory):
         'sa_fsdp_bf16': (train('sa_fsdp_bf16', 8, fsdp, '--dtype=bfloat16', ac), 2, 'train.py', {}),
         # rank 1 SIGKILLs itself at the start of iteration 10; the last checkpoint is iteration 8's
         'kill': (train('kill', 12, drop, fsdp), 2, 'train.py', {'NANOHFA_TEST_DIE_AT': '10:1'}),
+        # rank 0 sends itself SIGTERM during step 5: both processes stop at 6 and save together
+        'term': (train('term', 12, drop, fsdp), 2, 'train.py', {'NANOHFA_TEST_DIE_AT': '5:0:term'}),
     }
     r = run_all(jobs, tmp)
-    state = {'kill_ckpt_iter': load(o('kill') / 'ckpt.pt')['iter_num'] if (o('kill') / 'ckpt.pt').exists() else None}
+    state = {f'{k}_ckpt_iter': load(o(k) / 'ckpt.pt')['iter_num'] if (o(k) / 'ckpt.pt').exists() else None
+             for k in ('kill', 'term')}
     sample = ['--device=cpu', '--start=abc', '--max_new_tokens=40', '--num_samples=2']
     read = ['--figures=False', '--min_freq=0', f'--data_dir={data}']
     resume = '--init_from=resume'
@@ -169,6 +173,7 @@ def runs(tmp_path_factory):
         shutil.copytree(o(k), o(f'{k}_resumed'))
     jobs2 = {
         'kill2': (train('kill', 12, resume), 2, 'train.py', {}),
+        'term2': (train('term', 12, resume), 2, 'train.py', {}),
         'sa_fsdp_one': (train('sa_fsdp_resumed', 12, resume), 1, 'train.py', {}),  # an FSDP checkpoint, one process
         'sa_one2': (train('sa_one_resumed', 12, resume), 1, 'train.py', {}),
         **{f'sample_{k}_{t}': ([f'--out_dir={o(k)}', *sample, f'--temperature={t}'], 1, 'sample.py', {})
@@ -239,6 +244,15 @@ def test_fsdp_resume_after_sigkill_is_exact(runs):
     assert losses(kill) == losses(ref)
     assert evals(kill) == evals(ref)
     assert load(kill / 'ckpt.pt')['iter_num'] == 12
+
+
+@pytest.mark.slow
+def test_fsdp_sigterm_saves_and_resumes_exactly(runs):
+    ok(runs, 'term', 'term2', 'drop_fsdp')
+    assert 'stopped by signal at iteration 6; checkpoint saved' in runs['log']['term'] and runs['term_ckpt_iter'] == 6
+    assert 'Traceback' not in runs['log']['term'] and 'at iteration 6' in runs['log']['term2']
+    term, ref = runs['out']('term'), runs['out']('drop_fsdp')
+    assert losses(term) == losses(ref) and evals(term) == evals(ref)
 
 
 @pytest.mark.slow
