@@ -3,7 +3,7 @@ Train a GPT with any attention variant, on one process or many (DDP, or FSDP2 sh
 
     python train.py config/cpu_sa.py --max_iters=200
     torchrun --standalone --nproc_per_node=8 train.py config/hfa.py
-    torchrun --standalone --nproc_per_node=8 train.py config/scaling_xl.py --parallel=fsdp
+    torchrun --standalone --nproc_per_node=8 train.py config/ha.py --parallel=fsdp   # sharded (FSDP2)
 
 A straight script in nanoGPT's manner: the configuration is a set of plain variables (their
 defaults in settings.py, which --help prints), changed by config files and --key=value
