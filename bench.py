@@ -9,6 +9,7 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
     python bench.py --table --threads 1       # docs/attention.md's table: every variant at the CPU size
     python bench.py --rounds 7 --step_times --config config/compare_cpu.py --out grids/main --variants sa,hfa ...
                                               # a compare.py grid's seconds per step (tools/cpu_grids.py)
+    python bench.py --memory --out results/memory_cpu.json   # activation checkpointing, DDP and FSDP on CPU
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
@@ -33,6 +34,13 @@ Modes:
     table        (--table) parameters, training FLOPs per token and CPU training tokens/s of
                  every variant and option at the CPU configs' size (4 x 128, T = 128, batch 8):
                  the best of --table_steps steps after two warm-up steps, as a markdown table
+    memory       (--memory) peak memory per process and seconds per training step of one GPT
+                 (--memory_model, default 8 x 512, vocab 8192, T 256, batch 4 per process), fp32 on
+                 CPU: one process, and 2 processes (torchrun, gloo) under DDP and FSDP, each with
+                 and without activation checkpointing. `held_bytes`: RSS when the first step starts
+                 (parameters, and AdamW's state once allocated by a warm-up step); `peak_bytes`: the
+                 RSS high-water mark over the timed steps; `step_bytes` the difference (activations,
+                 gradients, gathered parameters); the largest over the processes
     step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
                  of every variant of the grid as train.py takes it, one thread, in rounds that
                  visit the variants in turn (a load that comes and goes hits each alike); the
@@ -64,6 +72,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -238,6 +247,102 @@ def run_case(case):
     rec.update(seconds_per_step=dt, tokens_per_s=B * T / dt, peak_mem_bytes=used, peak_mem_total_bytes=total,
                flops_per_token=float(flops_per_token), flops_per_s=B * T * flops_per_token / dt)
     return rec
+
+
+def release_freed_memory():
+    """Hand the pages free()d by the allocator back to the system (glibc), so RSS reads what
+    is held: after FSDP shards a model built whole, the whole copy is gone from RSS too."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def run_memory_case(case):
+    """One process of a --memory case (under torchrun when case['nproc'] > 1): a few training
+    steps of a GPT, as train.py takes them; the memory and time of the process that needs the most."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.set_num_threads(case['threads'])
+    n_layer, n_embd, vocab, T, B = case['memory_model']
+    world = int(os.environ.get('WORLD_SIZE', 1))
+    if world > 1:
+        dist.init_process_group('gloo')
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd, vocab_size=vocab, block_size=T,
+                          bias=False, attention=case['variant']))
+    model.activation_checkpointing = case['activation_checkpointing']
+    forward = model
+    if case['parallel'] == 'fsdp':
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+    elif world > 1:
+        forward = DDP(model)
+    opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cpu')
+    step = train_step(model, opt, *random_batch(vocab, B, T), grad_clip=1.0, forward=forward)
+    step()  # AdamW's state is allocated here: it is held memory, not the step's
+    release_freed_memory()
+    memory = StepMemory('cpu')
+    held = proc_status('VmRSS')
+    dt = timed(step, 'cpu', 0, case['steps'], warmup=0, best=True)  # as many steps on every process (collectives)
+    used, _ = memory.peak()
+    mine = dict(held_bytes=held, peak_bytes=held + used, step_bytes=used, seconds_per_step=dt)
+    ranks = [mine]
+    if world > 1:
+        ranks = [None] * world
+        dist.all_gather_object(ranks, mine)
+        dist.barrier()  # every process past the gather before any exits
+    rec = dict(variant=case['variant'], mode='memory', parallel=case['parallel'] if world > 1 else 'one process',
+               processes=world, activation_checkpointing=case['activation_checkpointing'],
+               n_layer=n_layer, n_embd=n_embd, vocab=vocab, block_size=T, batch_size=B, threads=case['threads'],
+               params=model.get_num_params(non_embedding=False),
+               **{k: max(r[k] for r in ranks) for k in mine})
+    rec['tokens_per_s'] = world * B * T / rec['seconds_per_step']
+    return rec
+
+
+def memory_rows(args):
+    """--memory: every case in fresh processes (torchrun for 2), the table on stdout."""
+    n_layer, n_embd, vocab, T, B = (int(x) for x in args.memory_model.split(','))
+    rows = []
+    for nproc, parallel in ((1, 'ddp'), (2, 'ddp'), (2, 'fsdp')):
+        for ac in (False, True):
+            case = dict(mode='memory', variant=args.memory_variant, parallel=parallel, activation_checkpointing=ac,
+                        threads=args.threads, memory_model=[n_layer, n_embd, vocab, T, B], nproc=nproc,
+                        steps=args.memory_steps)
+            launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run',
+                                                             '--standalone', f'--nproc_per_node={nproc}']
+            print(f"memory: {nproc} process{'es' * (nproc > 1)}{f', {parallel}' * (nproc > 1)}"
+                  f"{', activation checkpointing' * ac}", file=sys.stderr, flush=True)
+            p = subprocess.Popen([*launcher, os.path.abspath(__file__), '--case', json.dumps(case)], text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                 env={**os.environ, 'OMP_NUM_THREADS': str(args.threads)})
+            try:
+                out, err = p.communicate(timeout=args.memory_timeout)
+            except subprocess.TimeoutExpired:  # the result may be out already: a process that hangs on exit
+                os.killpg(p.pid, signal.SIGKILL)
+                out, err = p.communicate()
+            line = [x for x in out.splitlines() if x.startswith('RESULT ')]
+            if not line:
+                rows.append(dict(case, processes=nproc, error=(err.strip().splitlines() or ['no result'])[-1][:200]))
+                continue
+            rows += json.loads(line[0][len('RESULT '):])
+    mib = lambda b: f"{b / 2 ** 20:9.0f}"
+    print(f"{'setup':<44}{'held MiB':>9}{'peak MiB':>9}{'step MiB':>9}{'s/step':>8}{'tokens/s':>10}")
+    for r in rows:
+        name = (f"{r['processes']} process{'es' * (r['processes'] > 1)}" + (f", {r['parallel']}" * (r['processes'] > 1))
+                + (', activation checkpointing' if r['activation_checkpointing'] else ''))
+        if r.get('error'):
+            print(f"{name:<44}FAILED: {r['error']}")
+            continue
+        print(f"{name:<44}{mib(r['held_bytes'])}{mib(r['peak_bytes'])}{mib(r['step_bytes'])}"
+              f"{r['seconds_per_step']:8.2f}{r['tokens_per_s']:10.0f}")
+    return rows
 
 
 def model_flops_per_token(cfg):
@@ -612,6 +717,9 @@ def plan(args):
 
 
 def run_any(case):
+    if case['mode'] == 'memory':
+        rec = run_memory_case(case)
+        return [rec] if int(os.environ.get('RANK', 0)) == 0 else []
     if case['mode'] == 'sample':
         return run_sample(case)
     return [run_gpt2_step(case) if case['mode'] == 'gpt2_step' else run_case(case)]
@@ -645,11 +753,23 @@ def main():
     p.add_argument('--rounds', type=int, default=5, help='--step_times: rounds over the variants')
     p.add_argument('--step_times', nargs=argparse.REMAINDER, metavar='COMPARE_ARGS',
                    help="last: the rest are a compare.py grid's arguments; writes its OUT/step_times.json")
+    g = p.add_argument_group('--memory: activation checkpointing, DDP and FSDP on CPU')
+    g.add_argument('--memory', action='store_true', help='only the memory rows (peak RSS per process, s/step)')
+    g.add_argument('--memory_model', default='8,512,8192,256,4',
+                   help='n_layer,n_embd,vocab,block_size,batch_size (heads of 64; batch per process)')
+    g.add_argument('--memory_variant', default='sa')
+    g.add_argument('--memory_steps', type=int, default=3, help='timed steps per case (the fastest counts)')
+    g.add_argument('--memory_timeout', type=float, default=600, help='seconds per case')
     add_kernel_args(p)
     args = p.parse_args()
 
     if args.case:
-        print('RESULT ' + json.dumps(run_any(json.loads(args.case))))
+        result = run_any(json.loads(args.case))
+        if int(os.environ.get('RANK', 0)) == 0:  # under torchrun: one line, from the first process
+            print('RESULT ' + json.dumps(result))
+        return
+    if args.memory:
+        write_records(memory_rows(args), args.out)
         return
     if args.step_times is not None:
         grid_step_times(args.step_times, args.rounds)

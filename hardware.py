@@ -172,3 +172,39 @@ def peak_flops(device, override=0.0, cached=False):
     if cached:
         return cached_peak(device)
     return measured_matmul_flops(device), f"{device}: measured fp32 matmul, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
+
+
+def training_memory(params, n_layer, n_embd, vocab_size, block_size, batch_size, world_size=8, parallel='ddp',
+                    activation_checkpointing=False, accum=1, ha_layers=0):
+    """Bytes per GPU of a bf16-autocast training step with AdamW, by part: the arithmetic
+    behind config/scaling_xl.py's table. An estimate (CUDA context, NCCL buffers and allocator
+    fragmentation are left out: keep ~10% of the GPU free for them).
+    - states: fp32 parameters (4 bytes each), gradients (4) and AdamW's two moments (8); DDP
+      keeps all of them on every GPU plus its gradient buckets (4, a second copy of the
+      gradients) and autocast's bf16 copy of the weights (2); FSDP shards the 16 over the GPUs
+      and gathers bf16 parameters only for the units in flight (the root: embeddings and head;
+      two blocks: the current one and the prefetched one). With gradient accumulation (accum >
+      1 micro-steps per GPU) FSDP adds up gradients unsharded, in fp32 (4), until the last one.
+    - activations of one micro-batch (B x T tokens, width d, bf16): 34 B T d bytes per layer
+      (Korthikanti et al. 2022, Sec. 4.1; the T^2 attention term is absent, since the fused
+      attention kernels keep no score matrix); an HA layer adds its second keys and values
+      (4 B T d); with checkpointing only each block's input is kept (4 B T d, the fp32 residual
+      stream), plus one block's activations while it is recomputed.
+    - logits: B T V in bf16 and the fp32 log-softmax of the loss (6 bytes), and as much again
+      for their gradient in the backward."""
+    tokens = batch_size * block_size
+    root = (vocab_size + block_size) * n_embd  # the root unit: token and position embeddings (the head is tied)
+    block = (params - root) / n_layer  # one block's parameters, on average
+    if parallel == 'ddp':
+        states = {'parameters': 4 * params, 'gradients': 4 * params + 4 * params, 'optimizer': 8 * params,
+                  'bf16 weights': 2 * params}
+    else:
+        states = {'parameters': 4 * params / world_size, 'gradients': 4 * params / world_size
+                  + (4 * params if accum > 1 else 0), 'optimizer': 8 * params / world_size,
+                  'bf16 weights': 2 * root + 2 * 2 * block}
+    per_layer = 34 * tokens * n_embd
+    activations = n_layer * per_layer + ha_layers * 4 * tokens * n_embd
+    if activation_checkpointing:
+        activations = n_layer * 4 * tokens * n_embd + per_layer + 4 * tokens * n_embd * (ha_layers > 0)
+    parts = {**states, 'activations': activations, 'logits': 2 * 6 * tokens * vocab_size}
+    return {**parts, 'total': sum(parts.values())}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.nn import functional as F
 
 import attention_kernels
@@ -321,6 +322,7 @@ class KVCache:
 
 
 class GPT(nn.Module):
+    activation_checkpointing = False  # train.py's setting: recompute each block in the backward
 
     def __init__(self, config):
         super().__init__()
@@ -369,7 +371,12 @@ class GPT(nn.Module):
         pos = torch.arange(offset, offset + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
-            x = block(x, None if cache is None else cache.layers[i], offset)
+            if self.activation_checkpointing and torch.is_grad_enabled() and cache is None:
+                # keep only the block's input; its activations are recomputed in the backward
+                # (with the same dropout masks: the RNG state is saved and restored)
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x, None if cache is None else cache.layers[i], offset)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.pos += T

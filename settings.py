@@ -85,7 +85,9 @@ TRAIN = {
         'lr_decay_iters': S(600000, "cosine decay ends here (~ max_iters, per Chinchilla)", '>= 0'),
         'min_lr': S(6e-5, "learning rate after the decay (~ learning_rate / 10)", '>= 0'),
     },
-    'DDP': {
+    'DDP / FSDP (under torchrun)': {
+        'parallel': S('ddp', "'ddp': every process holds the whole model, gradients and AdamW state; 'fsdp': "
+                             "FSDP2, all three sharded over the processes (for models past one GPU's memory)"),
         'backend': S('nccl', "on CPU gloo is used whatever this says"),
         'ddp_timeout': S(600, "seconds a collective may wait for a dead peer", '>= 1'),
     },
@@ -93,6 +95,8 @@ TRAIN = {
         'device': S('auto', "'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', 'mps'"),
         'dtype': S('auto', "'auto' (bfloat16 on CUDA where supported, else float32), 'float32', 'bfloat16', 'float16'"),
         'compile': S(False, "torch.compile the model"),
+        'activation_checkpointing': S(False, "keep only each block's input and recompute its activations in the "
+                                             "backward: less memory for about a third more compute"),
         'seed': S(1337, "seeds model init, data order and dropout"),
         'skip_nonfinite': S(False, "skip (and count) steps with a NaN/inf loss or gradient (a sync per step)"),
         'peak_flops': S(0.0, "MFU denominator, FLOP/s per device; 0: hardware.py (CUDA table, else measured "

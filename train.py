@@ -1,8 +1,9 @@
 """
-Train a GPT with any attention variant, on one process or many (DDP).
+Train a GPT with any attention variant, on one process or many (DDP, or FSDP2 sharding).
 
     python train.py config/cpu_sa.py --max_iters=200
     torchrun --standalone --nproc_per_node=8 train.py config/hfa.py
+    torchrun --standalone --nproc_per_node=8 train.py config/ha.py --parallel=fsdp   # sharded (FSDP2)
 
 A straight script in nanoGPT's manner: the configuration is a set of plain variables (their
 defaults in settings.py, which --help prints), changed by config files and --key=value
@@ -33,6 +34,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,  # noqa: E402
+                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import configurator  # noqa: E402
@@ -95,8 +100,14 @@ if wandb_log and master_env:
         raise UserError("wandb_log=True needs the wandb package: pip install wandb "
                         "(WANDB_MODE=offline logs without an account)")
 
-ddp = int(os.environ.get('RANK', -1)) != -1
+ddp = int(os.environ.get('RANK', -1)) != -1  # started by torchrun: DDP or FSDP
 rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
+if parallel not in ('ddp', 'fsdp'):
+    raise UserError(f"parallel={parallel!r} is not a choice; valid: ddp, fsdp")
+if parallel == 'fsdp' and not ddp and 'parallel' in set_by:  # inherited from a checkpoint: one process trains it whole
+    raise UserError("parallel='fsdp' shards the model over processes started by torchrun: torchrun --standalone "
+                    "--nproc_per_node=N train.py ... --parallel=fsdp (one process holds the whole model: drop --parallel)")
+fsdp = ddp and parallel == 'fsdp'
 if gradient_accumulation_steps % world_size:  # before the process group: every process exits at once
     raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
                     f"the {world_size} processes; make it a multiple")
@@ -112,6 +123,8 @@ accum = gradient_accumulation_steps // world_size  # micro-steps per process
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 device_type = 'cuda' if device.startswith('cuda') else device
 dtype, ctx = runtime.pick_dtype(dtype, device)
+if fsdp and dtype == 'float16':  # float16 needs the grad scaler on sharded gradients: not supported here
+    raise UserError("dtype='float16' is not supported with parallel='fsdp'; use bfloat16 (the default on CUDA) or float32")
 torch.manual_seed(seed + rank)  # model init is broadcast by DDP; the offset decorrelates dropout
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
@@ -164,6 +177,28 @@ def to_device(x, y):
 
 # -----------------------------------------------------------------------------
 # the model: from scratch, the checkpoint to resume, GPT-2's weights or a checkpoint's weights
+
+# ckpt.pt holds the optimizer as optimizer.state_dict() does, state keyed by the parameter's
+# position in the groups; torch.distributed.checkpoint keys it by parameter name. Under FSDP
+# the two are converted, so one checkpoint serves DDP, FSDP, one process and sample.py.
+def optimizer_state_by_name(state, model, optimizer):
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g['params']]
+    groups, i = [], 0
+    for g in state['param_groups']:
+        groups.append({**g, 'params': order[i:i + len(g['params'])]})
+        i += len(g['params'])
+    return {'state': {order[k]: v for k, v in state['state'].items()}, 'param_groups': groups}
+
+
+def optimizer_state_by_position(state):
+    order = [n for g in state['param_groups'] for n in g['params']]
+    groups, i = [], 0
+    for g in state['param_groups']:
+        groups.append({**g, 'params': list(range(i, i + len(g['params'])))})
+        i += len(g['params'])
+    return {'state': {order.index(n): v for n, v in state['state'].items()}, 'param_groups': groups}
+
 
 meta_for_ckpt = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
 if isinstance(meta_for_ckpt.get('itos'), dict):  # nanoGPT meta.pkl stores {int: str}
@@ -228,7 +263,8 @@ if ddp:
     dist.init_process_group(backend=backend if device_type == 'cuda' else 'gloo', timeout=timedelta(seconds=ddp_timeout))
 if master:
     print(f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} x {batch_size} x "
-          f"{block_size}, {world_size} process{'es' * (world_size > 1)}), device {device}, {dtype}")
+          f"{block_size}, {world_size} process{'es' * (world_size > 1)}{', FSDP' * fsdp}), device {device}, {dtype}"
+          + ', activation checkpointing' * activation_checkpointing)
     if vocab_note:
         print(vocab_note)
 if isinstance(weights, GPT):
@@ -238,9 +274,27 @@ else:
     if weights is not None:
         model.load_state_dict(weights['model'])
 model.to(device)
+model.activation_checkpointing = activation_checkpointing
+if fsdp:
+    if weights is None:  # rank 0's initial weights everywhere, as DDP broadcasts them
+        for t in model.state_dict().values():
+            dist.broadcast(t, 0)
+    # FSDP2: every block is its own unit (its parameters gathered just before its forward and
+    # backward, freed after), the root holds the rest (embeddings, tied head, final norm). On
+    # bf16 the parameters are gathered and computed in bf16, gradients reduced and kept in fp32
+    # (so are the sharded master weights and AdamW's state)
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if dtype == 'bfloat16' else MixedPrecisionPolicy()
+    for block in model.transformer.h:
+        fully_shard(block, mp_policy=mp_policy)
+    fully_shard(model, mp_policy=mp_policy)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if ckpt is not None:
-    optimizer.load_state_dict(ckpt['optimizer'])
+    if fsdp:  # the full state in ckpt.pt, each process keeping its own shard of it
+        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
+                                 optim_state_dict=optimizer_state_by_name(ckpt['optimizer'], model, optimizer))
+    else:
+        optimizer.load_state_dict(ckpt['optimizer'])
     if 'rng' not in ckpt:  # nanoGPT's: the weights, the optimizer and the iteration continue, not its data order
         data_gen.manual_seed(seed + 1000003 * iter_num)
         if master:
@@ -263,7 +317,7 @@ flops_per_token = model.flops_per_token(block_size)
 raw_model = model
 if compile:
     model = torch.compile(model)
-if ddp:
+if ddp and not fsdp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
 
@@ -344,6 +398,9 @@ def estimate_loss(sets=None):
                     _, loss = raw_model(x, y)
                 total[0] += loss.to(total.dtype) * len(chunks[i])
                 total[1] += len(chunks[i])
+            elif fsdp:  # a forward gathers parameters with every process: run one and drop its loss
+                with ctx:
+                    raw_model(*to_device(*data.windows(split_data, offsets[:1], block_size)))
             done += 1
             if master and time.time() > shown:
                 spent = time.time() - t0
@@ -389,10 +446,18 @@ def save_checkpoint():
     if ddp:
         ranks_rng = [None] * world_size
         dist.all_gather_object(ranks_rng, own_rng)
+    if fsdp:  # every process sends its shards; rank 0 gets the full tensors, in host memory
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(raw_model, options=options)
+        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
+        if master:
+            optimizer_state = optimizer_state_by_position(optimizer_state)
+    else:
+        model_state, optimizer_state = raw_model.state_dict(), optimizer.state_dict()
     if not master:
         return
     state = {
-        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+        'model': model_state, 'optimizer': optimizer_state,
         'model_args': asdict(gptconf), 'config': config, 'iter_num': iter_num,
         'best_val_loss': best_val_loss, 'tokenizer': meta_for_ckpt, 'dataset': dataset,
         'rng': {**own_rng, 'data': data_state, 'ranks': ranks_rng},  # data_state: before the prefetch's draw
@@ -625,7 +690,9 @@ while True:
     t0 = time.time()
     loss_sum = torch.zeros((), dtype=acc_dtype, device=device)
     for micro in range(accum):
-        if ddp:  # synchronise gradients on the last micro-step only
+        if fsdp:  # reduce-scatter on the last micro-step only; before it, gradients add up unsharded (fp32)
+            raw_model.set_requires_gradient_sync(micro == accum - 1)
+        elif ddp:  # synchronise gradients on the last micro-step only
             model.require_backward_grad_sync = micro == accum - 1
         with ctx:
             _, loss = model(X, Y)
@@ -644,6 +711,8 @@ while True:
         loss_sum += loss.detach()
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
+    if isinstance(norm, DTensor):  # FSDP: the norm over every shard, the same on every process
+        norm = norm.full_tensor()
     stats = torch.zeros(3, dtype=acc_dtype, device=device)
     stats[0] = loss_sum
     stats[1] = ~(torch.isfinite(loss_sum) & torch.isfinite(norm))

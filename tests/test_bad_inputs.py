@@ -199,6 +199,10 @@ ROWS.update({
     'annotation_config_file': ('train.py', ['{w}/annotated.py', *FRESH],
                                "config file {w}/annotated.py line 1: 'n_layer: 2' assigns nothing (a type annotation); "
                                "write n_layer = 2"),
+    # FSDP: a choice among two, and only under torchrun
+    'parallel_unknown': ('train.py', ['--parallel=zero3', *FRESH], "parallel='zero3' is not a choice; valid: ddp, fsdp"),
+    'fsdp_without_torchrun': ('train.py', ['--parallel=fsdp', *FRESH],
+                              "parallel='fsdp' shards the model over processes started by torchrun"),
 })
 IN_WORKSPACE = {'empty_out_dir', 'sample_empty_out_dir'}  # run from their workspace: a run into '' writes there
 if torch.backends.mps.is_available():  # these rows need a machine without the device

@@ -163,3 +163,16 @@ def test_step_times_of_a_grid(tmp_path, keep_threads):
     assert set(result['seconds_per_step']) == {'sa', 'hfa'} and result['rounds'] == 2
     for v, t in result['seconds_per_step'].items():
         assert len(result['all_seconds'][v]) == 2 and min(result['all_seconds'][v]) <= t > 0
+
+
+def test_memory_rows_see_activation_checkpointing(keep_threads):
+    """bench.py --memory, one process in this one: checkpointing keeps a fraction of the
+    activations a step needs (8 layers x 64 wide, 16 x 128 tokens: ~90 MB a step)."""
+    case = dict(mode='memory', variant='sa', parallel='ddp', threads=1, memory_model=[8, 64, 64, 128, 16], nproc=1,
+                steps=1)
+    ac, plain = (bench.run_memory_case(dict(case, activation_checkpointing=a)) for a in (True, False))
+    assert plain['parallel'] == 'one process' and plain['processes'] == 1
+    assert plain['params'] == GPT(GPTConfig(n_layer=8, n_head=1, n_embd=64, vocab_size=64, block_size=128,
+                                            bias=False)).get_num_params(non_embedding=False)
+    assert plain['step_bytes'] > 50 * 2 ** 20 and ac['step_bytes'] < 0.6 * plain['step_bytes'], (plain['step_bytes'], ac['step_bytes'])
+    assert plain['peak_bytes'] == plain['held_bytes'] + plain['step_bytes']
