@@ -609,6 +609,11 @@ LENGTHS = {'long1k': 1000, 'long3k': 3000, 'long': 6000, 'long12k': 12000}
 WIDTHS = (48, 96, 192)
 
 
+def interval(mean, half):
+    """'[lo, hi]' of a 95% interval, or why there is none (one seed)."""
+    return '(one seed: no interval)' if math.isnan(half) else f'[{mean - half:+.4f}, {mean + half:+.4f}]'
+
+
 def key_pair_lengths():
     """{iterations: {variant: row}} of the key pair at every schedule length (chosen rates)."""
     out = {n: {v: r for v, r in rows.items() if v in KEY_PAIR} for n, rows in long_grids().items()}
@@ -729,7 +734,7 @@ def scale_family(lengths, widths):
 def scale_family_table(lengths, widths):
     lines = ['| claim | seeds | Δ (HA - SA w16), paired | 95% CI | p | p, Holm (this family) |', '|---|---|---|---|---|---|']
     for claim, seeds, mean, half, p, adj in scale_family(lengths, widths):
-        lines.append(f'| {claim} | {len(seeds)} | {mean:+.4f} | [{mean - half:+.4f}, {mean + half:+.4f}] | {fmt_p(p)} '
+        lines.append(f'| {claim} | {len(seeds)} | {mean:+.4f} | {interval(mean, half)} | {fmt_p(p)} '
                      f'| {fmt_p(adj)}{" *" if adj < 0.05 else ""} |')
     return '\n'.join(lines)
 
@@ -746,7 +751,7 @@ def length_gap_table(lengths):
         fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
         verdict = settle(rows[a], rows[b])['verdict'] if len(seeds) >= 2 else 'one seed: no rule'
         lines.append(f'| {n:,} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} | {mean:+.4f} '
-                     f'[{mean - half:+.4f}, {mean + half:+.4f}] | {int((d < 0).sum())} of {len(d)} | {verdict} |')
+                     f'{interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} |')
     return '\n'.join(lines)
 
 
@@ -764,7 +769,7 @@ def width_gap_table(widths):
         lines.append(f"| {w} | {w // 24} | {rows[a]['params']:,} | {rows[a]['flops_per_token'] / 1e6:.2f}, "
                      f"{rows[b]['flops_per_token'] / 1e6:.2f} | {rows[a]['variant'].rsplit('_lr', 1)[1]}, "
                      f"{rows[b]['variant'].rsplit('_lr', 1)[1]} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} "
-                     f"| {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] | {int((d < 0).sum())} of {len(d)} | {verdict} |")
+                     f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} |")
     return '\n'.join(lines)
 
 
@@ -814,9 +819,9 @@ def equal_cost_table(lengths):
         cells = []
         for k in costs:
             m, seeds, dm, dh = tables[k][n]
-            cells += [f'{m:,.0f}', f'{dm:+.4f} [{dm - dh:+.4f}, {dm + dh:+.4f}] ({len(seeds)} seeds)' if seeds
+            cells += [f'{m:,.0f}', f'{dm:+.4f} {interval(dm, dh)} ({len(seeds)} seed{"s" * (len(seeds) > 1)})' if seeds
                       else 'outside the measured lengths']
-        lines.append(f'| {n:,} | {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] | ' + ' | '.join(cells) + ' |')
+        lines.append(f'| {n:,} | {mean:+.4f} {interval(mean, half)} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 
