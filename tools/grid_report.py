@@ -843,17 +843,10 @@ def plot_scale(lengths, widths):
         if len(gap) >= 2:
             half = stats.t.ppf(0.975, len(gap) - 1) * gap.std(0, ddof=1) / math.sqrt(len(gap))
             ax.fill_between(iters, mean - half, mean + half, color=f'C{i}', alpha=0.15)
-    ax.axhline(0, color='k', lw=0.8)
     ax.set_xscale('log')
     ax.set_ylim(-0.06, 0.06)
-    ax.set_xlabel('iteration (log scale)')
-    ax.set_ylabel('HA shared - SA window 16 (nats/char)')
-    ax.set_title('gap on the selection half, mean and 95% CI over seeds; below 0: HA lower')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(ASSETS / 'grid_gap_lengths.png', dpi=100)
-    plt.close(fig)
+    save_gap_figure(fig, ax, 'iteration (log scale)', 'HA shared - SA window 16 (nats/char)',
+                    'gap on the selection half, mean and 95% CI over seeds; below 0: HA lower', 'grid_gap_lengths.png')
     fig, ax = plt.subplots(figsize=(6, 4.2))
     ws, means, halves, ns = [], [], [], []
     for w, rows in widths.items():
@@ -864,16 +857,23 @@ def plot_scale(lengths, widths):
     ax.errorbar(ws, means, yerr=halves, fmt='o-', color='C3', capsize=4, label='mean, 95% CI (paired by seed)')
     for w, m, n in zip(ws, means, ns):
         ax.annotate(f'n={n}', (w, m), textcoords='offset points', xytext=(6, 6), fontsize=8)
-    ax.axhline(0, color='k', lw=0.8)
     ax.set_xscale('log', base=2)
     ax.set_xticks(ws, [str(w) for w in ws])
-    ax.set_xlabel('width (head size 24; heads = width / 24)')
-    ax.set_ylabel('HA shared - SA window 16, report half')
-    ax.set_title('final gap after 3,000 iterations against width')
+    save_gap_figure(fig, ax, 'width (head size 24; heads = width / 24)', 'HA shared - SA window 16, report half',
+                    'final gap after 3,000 iterations against width', 'grid_gap_width.png')
+
+
+def save_gap_figure(fig, ax, xlabel, ylabel, title, name):
+    """The scale study's figures: a zero line, labels, grid and legend, saved to assets/."""
+    import matplotlib.pyplot as plt
+    ax.axhline(0, color='k', lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(ASSETS / 'grid_gap_width.png', dpi=100)
+    fig.savefig(ASSETS / name, dpi=100)
     plt.close(fig)
 
 
