@@ -50,6 +50,7 @@ from attention_kernels.ha import triton as ha  # noqa: E402
 from attention_kernels.hfa import triton as hfa  # noqa: E402
 from attention_kernels.linear import triton as lin  # noqa: E402
 from attention_kernels.linear import triton_chunked as lin_chunked  # noqa: E402
+from tools import program_model  # noqa: E402
 
 TT = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
 DTYPES = {v: k for k, v in TT.items()}
@@ -82,6 +83,7 @@ class Case:
     useful: int    # of which count as useful FLOPs (bench.py's convention: backward = 2 x forward)
     note: str = ''
     whole: bool = False  # a loop-free kernel (one program = one step): count its whole code
+    shape: dict = None   # the launch's shape (tools/program_model.py): T, causal, windows, A, dh
 
 
 def signature(fn, dtype, constexprs):
@@ -100,10 +102,24 @@ def signature(fn, dtype, constexprs):
     return sig
 
 
+HEADS = 16  # batch x heads of the modelled launch (tools/gpu_check.sh's B = 2, H = 8); --heads
+HINTS = True  # --no_hints: every integer argument a plain i32, as before
+
+
 def compile_case(case, target):
     sig = signature(case.fn, case.dtype, case.constexprs)
     attrs = {(i,): [['tt.divisibility', 16]] for i, n in enumerate(case.fn.arg_names) if sig[n].startswith('*')}
-    src = ASTSource(fn=case.fn, signature=sig, constexprs=case.constexprs, attrs=attrs)
+    constexprs = dict(case.constexprs)
+    if HINTS and case.shape:  # what the launch's integers specialise to at run time
+        for i, (n, v) in enumerate(program_model.launch_ints(case.fn.arg_names, case.shape, constexprs).items()):
+            kind, spec = program_model.specialise(v)
+            if kind == 'constexpr':
+                sig[n], constexprs[n] = 'constexpr', v
+            else:
+                sig[n] = kind
+                if spec == 'D':
+                    attrs[(case.fn.arg_names.index(n),)] = [['tt.divisibility', 16]]
+    src = ASTSource(fn=case.fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=target, options={'num_warps': case.warps, 'num_stages': case.stages})
 
 
@@ -226,6 +242,15 @@ def analyse(case, k, arch):
             rec['est'] = min(rec['est'], 1.0)
     else:
         rec['mma_per_step'] = 0.0
+    if case.shape and arch >= 90 and case.dtype != torch.float32:
+        try:  # the whole-program model (tools/program_model.py)
+            prog = program_model.structure(sass, case.warps)
+            traces, heads_fastest = program_model.traces(case.name, case.constexprs, case.shape)
+            w = program_model.launch(prog, traces, rec['regs'], rec['smem'], case.shape.get('heads', 16), heads_fastest)
+            per = w.pop('per_program')
+            rec['whole'] = dict(w, shape=case.shape, barriers=per.bar, wgmma_waits=per.wait, instr=per.instr)
+        except (KeyError, ValueError) as e:
+            rec['whole'] = dict(error=str(e))
     return rec
 
 
@@ -250,34 +275,38 @@ def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
                 cx['CAUSAL'] = causal
             if 'SPLIT' in fn.arg_names:
                 cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' and split != 3 else split
-            yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note)
+            yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note,
+                       shape=dict(T=T, causal=causal, wa=wa, wb=wb, dh=dh, heads=HEADS))
 
 
 def hfa_linear_cases(dtypes, bds, causals, families, arch=90):
     for dtype, BD, causal in itertools.product(dtypes, bds, causals):
         prec = common.dot_precision(dtype)
         nc = '' if causal else ' noncausal'
+        shape = dict(T=4096, causal=causal, window=0, dh=BD, heads=HEADS)
         if 'hfa' in families:
             for A in [1, 2, 3, 4]:
                 base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=prec)
                 BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype, arch)
                 for kname, fn, cx, formula, useful in hfa.compiled_kernels('fwd', base, BM, BN, dtype):
-                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
+                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc,
+                               shape=dict(shape, A=A))
                 for kind in ('hfa_bwd_dq', 'hfa_bwd'):  # dq's own tiles, then dk/dv's
                     BM, BN, w, s = common.block_sizes(kind, BD, A, dtype, arch)
                     for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
                         if (kname == 'hfa_bwd_dq') == (kind == 'hfa_bwd_dq'):
-                            yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc)
+                            yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful,
+                                       f'A={A}' + nc, shape=dict(shape, A=A))
         if 'linear' in families:
             for norm in [False, True]:
                 base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
                 for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype, arch):
                     yield Case('linear', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
-                               f'norm={norm}' + nc)
+                               f'norm={norm}' + nc, shape=shape)
                 if causal:  # the chunked kernel (full causal self-attention at long T)
                     for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin_chunked.compiled_kernels(base, BD, dtype, arch):
                         yield Case('linear_chunked', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
-                                   f'norm={norm}', whole=kname != 'linear_chunk_states')
+                                   f'norm={norm}', whole=kname != 'linear_chunk_states', shape=shape)
 
 
 def cases(args, arch=90):
@@ -318,12 +347,18 @@ def summary(recs):
     for (fam, dt, hd, note), rs in groups.items():
         fwd = [r for r in rs if r['kernel'].endswith('_fwd')]
         bwd = [r for r in rs if not r['kernel'].endswith('_fwd')]
-        if len(fwd) != 1 or not bwd or fam == 'linear_chunked':  # its steps are not (row, column) pairs
+        if fam == 'linear_chunked':  # its steps are not (row, column) pairs: whole program only
+            out.append(dict(family=fam, dtype=dt, hd=hd, note=note, whole=program_model.op_summary(
+                fam, [r for r in rs if r['kernel'] in ('linear_chunk_states', 'linear_chunk_fwd')],
+                [r for r in rs if r['kernel'] not in ('linear_chunk_fwd',)])))
+            continue
+        if len(fwd) != 1 or not bwd:
             continue
         per_pair = lambda r: r['cycles'] / r['pairs']
         useful = fwd[0]['useful'] * 2 * hd  # FLOPs per pair of the forward
         c_f, c_b = per_pair(fwd[0]), sum(per_pair(r) for r in bwd)
-        out.append(dict(family=fam, dtype=dt, hd=hd, note=note, fwd=useful / (SM90_MMA_FLOP_PER_CYCLE * c_f),
+        whole = program_model.op_summary(fam, fwd, bwd)
+        out.append(dict(family=fam, dtype=dt, hd=hd, note=note, whole=whole, fwd=useful / (SM90_MMA_FLOP_PER_CYCLE * c_f),
                         bwd=2 * useful / (SM90_MMA_FLOP_PER_CYCLE * c_b),
                         fwd_bwd=3 * useful / (SM90_MMA_FLOP_PER_CYCLE * (c_f + c_b)),
                         bwd_mma_per_step=sum(r['mma_per_step'] for r in bwd),
@@ -338,6 +373,12 @@ def line(rec):
          f" mma/step {rec['mma_per_step']:.1f} (formula {rec['formula']})")
     if 'est' in rec:
         s += f" est {100 * rec['est']:.0f}% [{100 * rec['worst']:.0f}-{100 * rec['best']:.0f}]"
+    w = rec.get('whole')
+    if w and 'error' in w:
+        s += f" | whole program: n/a ({w['error']})"
+    elif w:
+        s += (f" | whole program: {w['cycles'] / 1e3:.0f}k cycles, {w['programs']} programs, {w['ctas_per_sm']} CTA/SM,"
+              f" per program {w['instr']:.0f} instr, {w['barriers']:.0f} barriers, {w['wgmma_waits']:.0f} wgmma waits")
     return s
 
 
@@ -353,7 +394,11 @@ def main():
                    help='HA at T = 4096 with windows (512, 32), full causal or non-causal (default: all)')
     p.add_argument('--ha_split', default='', choices=['', *ha.SPLITS],
                    help="HA backward's lane-product split (default: the wrapper's)")
+    p.add_argument('--heads', type=int, default=HEADS, help='batch x heads of the modelled launch')
+    p.add_argument('--no_hints', action='store_true',
+                   help='compile every integer argument as a plain i32 (no run-time divisibility hints)')
     args = p.parse_args()
+    globals().update(HEADS=args.heads, HINTS=not args.no_hints)  # read by the case builders and compile_case
     failed, recs, t0 = 0, [], time.time()
     print(f"triton {triton.__version__}, torch {torch.__version__}")
     for arch in [int(a) for a in args.arch.split(',')]:
@@ -373,9 +418,15 @@ def main():
             print(f"{'BAD ' if bad else 'ok  '}  {line(rec)}{'  <- ' + '; '.join(bad) if bad else ''}", flush=True)
     summ = summary([r for r in recs if r['arch'] == 90])
     for x in summ:
-        print(f"model sm_90 {x['family']:<6} {x['dtype']} hd={x['hd']} {x['note']:<22}: forward {100 * x['fwd']:.0f}%,"
-              f" backward {100 * x['bwd']:.0f}% ({x['bwd_mma_per_step']:.1f} tile matmuls per step),"
-              f" forward + backward {100 * x['fwd_bwd']:.0f}% of the dense peak")
+        head = f"model sm_90 {x['family']:<6} {x['dtype']} hd={x['hd']} {x['note']:<22}:"
+        if 'fwd' in x:
+            print(f"{head} loop-only: forward {100 * x['fwd']:.0f}%, backward {100 * x['bwd']:.0f}%"
+                  f" ({x['bwd_mma_per_step']:.1f} tile matmuls per step), forward + backward {100 * x['fwd_bwd']:.0f}%")
+        w = x['whole']
+        if w:
+            print(f"{head} whole program: forward {100 * w['fwd']:.0f}%, backward {100 * w['bwd']:.0f}%,"
+                  f" forward + backward {100 * w['fwd_bwd']:.0f}% of the dense peak"
+                  f" ({w['fwd_us']:.0f} + {w['bwd_us']:.0f} us at {w['heads']} heads)")
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(triton=triton.__version__, records=recs, summary=summ), f, indent=1)
