@@ -378,7 +378,8 @@ def line(rec):
         s += f" | whole program: n/a ({w['error']})"
     elif w:
         s += (f" | whole program: {w['cycles'] / 1e3:.0f}k cycles, {w['programs']} programs, {w['ctas_per_sm']} CTA/SM,"
-              f" per program {w['instr']:.0f} instr, {w['barriers']:.0f} barriers, {w['wgmma_waits']:.0f} wgmma waits")
+              f" per program {w['instr']:.0f} instr, {w['barriers']:.0f} barriers, {w['wgmma_waits']:.0f} wgmma waits,"
+              f" loads {w['load_bytes'] / w['cycles'] * program_model.CLOCK_HZ / 1e12:.1f} TB/s")
     return s
 
 

@@ -19,7 +19,7 @@ The serial rule is the headline: every step of these kernels waits for all of it
 (WARPGROUP.DEPBAR ... 0x0) and crosses CTA barriers (BAR.SYNC), so within a CTA the tensor
 core and the instruction issue take turns. Where several CTAs fit on one SM (registers,
 shared memory) one CTA's tensor work can overlap another's issue, so a program costs
-max(serial / CTAs per SM, t_mma, t_issue, t_exp) summed over the program. Memory latency
+max(serial / CTAs per SM, t_mma, n x W / 4, t_exp) summed over the program. Memory latency
 and bandwidth are not modelled (the calibration against published kernels absorbs them).
 
 A launch's time is the makespan of its programs, dealt in launch order to the earliest
@@ -97,6 +97,7 @@ class Stats:
     mufu: float = 0
     bar: float = 0
     wait: float = 0        # waits for every wgmma in flight
+    ld_bytes: float = 0    # global loads (LDG, LDGSTS), bytes per warp with every lane active
     cycles: float = 0      # the serial rule, summed region by region
 
     def __add__(self, o):
@@ -104,6 +105,9 @@ class Stats:
 
     def __mul__(self, k):
         return Stats(*(a * k for a in dataclasses.astuple(self)))
+
+
+LOAD_BYTES = {'128': 16, '64': 8, 'U16': 2, 'S16': 2, 'U8': 1, 'S8': 1}
 
 
 def count(instrs):
@@ -119,6 +123,9 @@ def count(instrs):
         st.mufu += 'MUFU.EX2' in x.text
         st.bar += bool(re.match(r'(@!?U?P\w+\s+)?BAR\.', x.text))
         st.wait += 'WARPGROUP.DEPBAR' in x.text
+        op = x.text.split()[1 if x.text.startswith('@') else 0].split('.')
+        if op[0] in ('LDG', 'LDGSTS'):
+            st.ld_bytes += 32 * next((LOAD_BYTES[p] for p in op[1:] if p in LOAD_BYTES), 4)
     return st
 
 
@@ -154,13 +161,18 @@ class Program:
     own: dict
     guard: dict
     warps: int
+    conditional: set = dataclasses.field(default_factory=set)  # scopes that are if-regions (structure's ifs)
 
     def shape(self, s=0):
         """Nesting as nested tuples: () for a loop without loops inside."""
         return tuple(self.shape(c) for c in self.children[s])
 
 
-def structure(sass, warps):
+def structure(sass, warps, ifs=False):
+    """The Program of a SASS listing. With `ifs`, a predicated forward branch over code
+    without loops is a conditional region too: a child of its scope whose trace entry is
+    0 or 1 (how often it runs per execution of the scope); else such code counts as always
+    run (an overcount where it is skipped)."""
     body, labels = parse(sass)
     ends = {}
     for i, x in enumerate(body):
@@ -171,6 +183,20 @@ def structure(sass, warps):
                 continue  # `L: BRA L` after the last EXIT: padding, never reached
             ends[h] = max(ends.get(h, i), i)
     loops = sorted(((h, e) for h, e in ends.items()), key=lambda L: (L[0], -L[1]))
+    if ifs:
+        conds = []
+        for i, x in enumerate(body):
+            m = BRANCH_RE.search(x.text)
+            if m and x.text.startswith('@') and m.group(1) in labels and labels[m.group(1)] > i + 1:
+                a, b = i + 1, labels[m.group(1)] - 1
+                crosses = any(not (e < a or h > b) and not (h <= a and b <= e) for h, e in loops)  # a guard, a loop exit
+                inside = any(c <= a and b <= d for c, d in conds)
+                if not crosses and not inside:
+                    conds.append((a, b))
+        loops = sorted(loops + conds, key=lambda L: (L[0], -L[1]))
+        cond_set = set(conds)
+    else:
+        cond_set = set()
     spans = [(0, len(body) - 1)] + loops
 
     def parent(k):  # innermost scope strictly containing scope k
@@ -207,9 +233,13 @@ def structure(sass, warps):
     own = {k: [] for k in range(len(spans))}
     guard = {k: [] for k in range(len(spans))}
     for i, x in enumerate(body):
+        m = BRANCH_RE.search(x.text)
+        if m and not x.text.startswith('@') and labels.get(m.group(1)) == i:
+            continue  # the padding loop
         (guard[guarded[i]] if guarded[i] is not None else own[scope[i]]).append(x)
     return Program(loops=loops, children=children, own={k: with_cycles(count(v), warps) for k, v in own.items()},
-                   guard={k: with_cycles(count(v), warps) for k, v in guard.items()}, warps=warps)
+                   guard={k: with_cycles(count(v), warps) for k, v in guard.items()}, warps=warps,
+                   conditional={k for k in range(1, len(spans)) if spans[k] in cond_set})
 
 
 def run(prog, trace, scope=0, memo=None):
@@ -228,7 +258,11 @@ def run(prog, trace, scope=0, memo=None):
         n = tr if isinstance(tr, int) else len(tr)
         if n > 0:
             total = total + prog.guard[k]
-        if isinstance(tr, int):
+        if k in prog.conditional:
+            if not isinstance(tr, int) or tr not in (0, 1):
+                raise ValueError(f'conditional region {k} runs 0 or 1 times, not {tr}')
+            total = total + prog.own[k] * tr
+        elif isinstance(tr, int):
             if prog.children[k]:
                 raise ValueError(f'loop {k} has loops inside; its trace must list its iterations')
             total = total + prog.own[k] * tr
@@ -250,9 +284,11 @@ def ctas_per_sm(regs, warps, smem):
 
 
 def program_cycles(st, warps, ctas):
-    """A program's cost on its SM: serial when alone, else the overlap bound above."""
-    t_mma, t_issue, t_exp = times(st, warps)
-    return max(st.cycles / ctas, t_mma, t_issue, t_exp)
+    """A program's cost on its SM: serial when alone; with other CTAs beside it, its share
+    of the serial time but no less than its use of the tensor core, the schedulers'
+    issue slots or the exp unit (the stall floor is latency, which other CTAs hide)."""
+    t_mma, _, t_exp = times(st, warps)
+    return max(st.cycles / ctas, t_mma, st.instr * warps / SCHEDULERS, t_exp)
 
 
 def makespan(durations, slots, costs=None):
@@ -288,6 +324,7 @@ def launch(prog, traces, regs, smem, heads, heads_fastest):
     span = makespan(order, SMS * ctas, order_cost)
     f_exec, _ = flops(total, prog.warps)
     return dict(cycles=span, programs=len(per) * heads, ctas_per_sm=ctas, executed_flops=f_exec * heads,
+                load_bytes=total.ld_bytes * prog.warps * heads,
                 per_program=total * (1 / max(len(per), 1)), serial_sum=sum(serial) * heads)
 
 
@@ -322,6 +359,11 @@ def ha_traces(name, c, T, wa, wb, causal):
     """HA (ha/triton.py), Tq = Tk = T, offset 0; wa, wb the effective windows of slot a
     (the lanes') and slot b (_geometry)."""
     pos = (lambda i: i) if causal else (lambda i: T - 1)
+    if not causal:  # every lane at position T - 1: the compiler finds the lead sweep empty and drops it
+        def _sweeps(p_min, p_max, T, wb, BB):
+            return globals()['_sweeps'](p_min, p_max, T, wb, BB)[1:]
+    else:
+        _sweeps = globals()['_sweeps']
     if name in ('ha_fwd', 'ha_bwd_dq'):
         G, BA, BB = c['G'], c['BA'], c['BB']
         n = _cdiv(T, G)
@@ -446,7 +488,8 @@ def traces(name, c, shape):
 # useful FLOPs (model.py's mix_flops convention: visible pairs or triples only)
 
 def visible(i, w):
-    return min(i + 1, w)
+    """Keys a causal query at position i sees in a window w (0: no window)."""
+    return min(i + 1, w) if w > 0 else i + 1
 
 
 def useful_forward(family, dh, T, causal, wa=0, wb=0, A=1):
