@@ -154,3 +154,12 @@ def test_global_load_bytes_per_warp():
           pm.Ins('@!P0 LDG.E.64.CONSTANT R2, desc[UR4][R2.64] ;', 1), pm.Ins('LDG.E R6, desc[UR28][R2.64] ;', 1),
           pm.Ins('STG.E.128 desc[UR4][R2.64], R4 ;', 1)]
     assert pm.count(ld).ld_bytes == 32 * (16 + 8 + 4)  # stores are not loads
+
+
+def test_loops_the_compiler_deleted_are_fitted_by_dropping_entries_empty_everywhere():
+    p = program()  # one outer loop with one inner loop
+    # a trace with an extra leading entry that is empty in every program, at both levels
+    raw = [((), ((0, 2), (0, 1))), ((), ((0, 3),))]
+    assert pm.squeeze(p, raw) == [(((2,), (1,)),), (((3,),),)]
+    with pytest.raises(ValueError):  # not empty everywhere: cannot be the deleted loop
+        pm.squeeze(p, [(1, ((0, 2),))])

@@ -17,14 +17,15 @@ of their stall counts, e MUFU.EX2; F tensor FLOPs of the CTA):
 
 The serial rule is the headline: every step of these kernels waits for all of its wgmma
 (WARPGROUP.DEPBAR ... 0x0) and crosses CTA barriers (BAR.SYNC), so within a CTA the tensor
-core and the instruction issue take turns. Where several CTAs fit on one SM (registers,
-shared memory) one CTA's tensor work can overlap another's issue, so a program costs
-max(serial / CTAs per SM, t_mma, n x W / 4, t_exp) summed over the program. Memory latency
-and bandwidth are not modelled (the calibration against published kernels absorbs them).
-
-A launch's time is the makespan of its programs, dealt in launch order to the earliest
-free of 132 SMs x CTAs-per-SM slots (each program held for its serial time), and at least
-the summed program cost / 132.
+core and the instruction issue take turns. A launch's time is the makespan of its programs
+dealt in launch order to the earliest free of the 132 SMs, each SM running one program's
+serial time at a time. Where several CTAs fit on one SM (registers, shared memory), one
+CTA's tensor work could overlap another's issue: the overlap figure (`cycles_overlap`)
+deals programs to SMs x CTAs-per-SM slots at max(serial / CTAs per SM, t_mma, n x W / 4,
+t_exp) each; tools/calibration.py found it too optimistic against published kernels (the
+two-CTA references ran at about half of it), so it is reported, not used. Memory latency
+and bandwidth are not modelled (the calibration against published kernels absorbs them;
+`load_bytes` counts the global loads, for the L2 traffic a speed implies).
 """
 
 import dataclasses
@@ -242,6 +243,29 @@ def structure(sass, warps, ifs=False):
                    conditional={k for k in range(1, len(spans)) if spans[k] in cond_set})
 
 
+def squeeze(prog, traces, scope=0):
+    """Traces fitted to the SASS where the compiler deleted loops it proved empty (e.g. a
+    lead sweep whose bounds are equal expressions when a tile has one query, or without
+    causality): at each scope with more trace entries than loops, the first positions
+    that are empty (0 or no iterations) in every execution are dropped; a trace that
+    cannot be fitted so raises ValueError."""
+    kids = prog.children[scope]
+    if traces and len(traces[0]) != len(kids):
+        excess = len(traces[0]) - len(kids)
+        empty = [i for i in range(len(traces[0])) if all(t[i] in (0, ()) for t in traces)]
+        if excess < 0 or len(empty) < excess:
+            raise ValueError(f'scope {scope}: {len(kids)} loops in the SASS, {len(traces[0])} in the trace')
+        drop = set(empty[:excess])
+        traces = [tuple(e for i, e in enumerate(t) if i not in drop) for t in traces]
+    for i, k in enumerate(kids):
+        if prog.children[k] and k not in prog.conditional:
+            its = sorted({it for t in traces if not isinstance(t[i], int) for it in t[i]}, key=repr)
+            new = dict(zip(its, squeeze(prog, its, k))) if its else {}
+            traces = [t[:i] + (tuple(new[it] for it in t[i]),) + t[i + 1:] if not isinstance(t[i], int) else t
+                      for t in traces]
+    return traces
+
+
 def run(prog, trace, scope=0, memo=None):
     """Stats of one execution of `scope`'s body. trace: one entry per child loop, in
     listing order; an entry is the loop's trip count (a loop without loops inside) or the
@@ -309,6 +333,7 @@ def launch(prog, traces, regs, smem, heads, heads_fastest):
     order (program_id 0), repeated over `heads` heads (heads on grid axis 0 when
     heads_fastest, else axis 1)."""
     memo = {}
+    traces = squeeze(prog, list(traces))
     per = [run(prog, t, 0, memo) for t in traces]
     ctas = ctas_per_sm(regs, prog.warps, smem)
     serial = [p.cycles for p in per]
@@ -321,9 +346,11 @@ def launch(prog, traces, regs, smem, heads, heads_fastest):
     total = Stats()
     for p in per:
         total = total + p
-    span = makespan(order, SMS * ctas, order_cost)
+    span = makespan(order, SMS)  # the headline: one program's serial time at a time per SM
+    span_overlap = makespan(order, SMS * ctas, order_cost)  # co-resident CTAs overlapping
     f_exec, _ = flops(total, prog.warps)
-    return dict(cycles=span, programs=len(per) * heads, ctas_per_sm=ctas, executed_flops=f_exec * heads,
+    return dict(cycles=span, cycles_overlap=span_overlap, programs=len(per) * heads, ctas_per_sm=ctas,
+                executed_flops=f_exec * heads,
                 load_bytes=total.ld_bytes * prog.warps * heads,
                 per_program=total * (1 / max(len(per), 1)), serial_sum=sum(serial) * heads)
 
@@ -359,11 +386,6 @@ def ha_traces(name, c, T, wa, wb, causal):
     """HA (ha/triton.py), Tq = Tk = T, offset 0; wa, wb the effective windows of slot a
     (the lanes') and slot b (_geometry)."""
     pos = (lambda i: i) if causal else (lambda i: T - 1)
-    if not causal:  # every lane at position T - 1: the compiler finds the lead sweep empty and drops it
-        def _sweeps(p_min, p_max, T, wb, BB):
-            return globals()['_sweeps'](p_min, p_max, T, wb, BB)[1:]
-    else:
-        _sweeps = globals()['_sweeps']
     if name in ('ha_fwd', 'ha_bwd_dq'):
         G, BA, BB = c['G'], c['BA'], c['BB']
         n = _cdiv(T, G)
