@@ -424,7 +424,13 @@ def main():
             print(f"{head} loop-only: forward {100 * x['fwd']:.0f}%, backward {100 * x['bwd']:.0f}%"
                   f" ({x['bwd_mma_per_step']:.1f} tile matmuls per step), forward + backward {100 * x['fwd_bwd']:.0f}%")
         w = x['whole']
-        if w:
+        if w and x['family'] == 'linear_chunked':  # O(T dh^2): its time against the quadratic kernel's
+            quad = [y['whole'] for y in summ if y['family'] == 'linear' and y['dtype'] == x['dtype']
+                    and y['hd'] == x['hd'] and y['note'] == x['note'] and y['whole']]
+            vs = f", {(w['fwd_us'] + w['bwd_us']) / (quad[0]['fwd_us'] + quad[0]['bwd_us']):.2f}x the quadratic" \
+                f" kernel's time" if quad else ''
+            print(f"{head} whole program: {w['fwd_us']:.0f} + {w['bwd_us']:.0f} us at {w['heads']} heads{vs}")
+        elif w:
             print(f"{head} whole program: forward {100 * w['fwd']:.0f}%, backward {100 * w['bwd']:.0f}%,"
                   f" forward + backward {100 * w['fwd_bwd']:.0f}% of the dense peak"
                   f" ({w['fwd_us']:.0f} + {w['bwd_us']:.0f} us at {w['heads']} heads)")
