@@ -99,7 +99,7 @@ SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4:
 
 # HFA's dq kernel at (head block, A), bf16/fp16 on sm_90, where it takes larger tiles than
 # dk/dv: at dh 128, A = 2, 64 rows (wgmma) on one stage, 0.55 cycles per pair by
-# docs/performance.md's model against 0.92 on the shared 32 x 32 (dk/dv spilled 144 B there)
+# the loop-only model (docs/kernel_design_history.md) against 0.92 on the shared 32 x 32 (dk/dv spilled 144 B there)
 # A = 4 at dh 128: dk/dv's 16 x 64 on one stage spilled 8 B in the non-causal dq kernel once
 # compiled with the launch's integer hints; two stages spill in neither form
 HFA_BWD_DQ = {(128, 2): (64, 16, 4, 1), (128, 4): (16, 64, 8, 2)}

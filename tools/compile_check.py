@@ -17,9 +17,15 @@ Per kernel and configuration (the wrappers' own tile sizes, warps and stages) it
            per warp group of 4 warps) or HMMA (sm_80, per warp) between a loop's label and
            its back edge, as FLOPs, divided by one tile matmul of the step (2 x rows x
            cols x head block): "6.0 (formula 6)" means no tile is computed twice
-  est      sm_90 only: the fraction of the dense bf16 peak that the static model of
-           docs/performance.md gives for that loop (tensor time against instruction issue
-           and the exp unit, midway between full and no overlap), times formula/executed
+  est      sm_90 only, loop-only: the fraction of the dense bf16 peak the fastest loop
+           reaches (tensor time against instruction issue and the exp unit, midway between
+           full and no overlap), times formula/executed
+  whole program  sm_90, bf16/fp16: tools/program_model.py's figures for the launch at
+           T = 4096 and --heads heads (cycles, programs, CTAs per SM, instructions,
+           barriers and wgmma waits per program, global loads per second)
+and per operation the loop-only and the whole-program forward, backward and forward +
+backward fractions of the peak (docs/performance.md). Integer arguments are compiled with
+the divisibility hints the launch gives at run time (--no_hints: plain i32, as before).
 
 It fails (exit 1) on a compile error, on any spill in a bf16/fp16 configuration, and on
 shared memory above the limit in any configuration.

@@ -56,7 +56,7 @@ dtype; 'logits', 'both' as hi + lo, two matmuls each; 'fp16' (bf16 inputs) in fl
 values, lanes) or per query row (dO) into float16's range, on the device (_f16_scales,
 _f16_rows), and the matmuls that sum over lanes or columns in scaled units, taken back
 exactly after. Defaults (default_split): bf16 'fp16', fp16 'both' ('none' missed 2x
-SDPA's bf16 error at logits of size 3); errors in docs/performance.md.
+SDPA's bf16 error at logits of size 3); errors in docs/kernel_design_history.md.
 
 Tile matmuls per (lane tile x column block) step, for FLOP accounting: forward 2 (3 with
 hi + lo); backward 3 (dq) + 4 (slot a) + 4 (slot b) = 11 with 'none' or 'fp16', 17 with
