@@ -346,6 +346,12 @@ def test_ha_compiles_for_hopper_and_ampere_without_spills(tmp_path):
     split = ha_triton.default_split(torch.bfloat16)
     for x in ha:
         assert abs(x['mma_per_step'] - (x['formula'] + ha_triton.split_matmuls(x['kernel'], split))) < 1e-9, x
+    # the whole-program model maps every sm_90 kernel's loops to its trip counts, and a whole
+    # program (setup, masked steps, merge) is slower than its fastest loop
+    summary = json.loads(out.read_text())['summary']
+    assert all('cycles' in x['whole'] for x in ha if x['arch'] == 90)
+    assert len(summary) == 1 and 0 < summary[0]['whole']['fwd'] < summary[0]['fwd']
+    assert 0 < summary[0]['whole']['fwd_bwd'] < summary[0]['fwd_bwd']
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason="the triton wheel's ptxas runs on Linux")
