@@ -557,15 +557,15 @@ def load_source(out_dir, init_from, meta=''):
     """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles); the
     checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them, and a
     checkpoint's tokens as sample.py reads them (meta: --meta, for a checkpoint that carries none)."""
-    import runtime
+    import checkpoint
     from model import GPTConfig
-    if runtime.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
+    if checkpoint.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
         path = Path(out_dir) / 'ckpt.pt'
-        ckpt = runtime.load_checkpoint(path, "train first (python train.py ...) or set --out_dir")
+        ckpt = checkpoint.load_checkpoint(path, "train first (python train.py ...) or set --out_dir")
         cfg = GPTConfig.from_dict(ckpt['model_args'])
-        labels = runtime.checkpoint_meta(ckpt, path, meta, gpt2_fallback=False) or {}  # none found: ids as numbers
+        labels = checkpoint.checkpoint_meta(ckpt, path, meta, gpt2_fallback=False) or {}  # none found: ids as numbers
         return ckpt['model'], cfg, labels, ckpt.get('dataset'), Path(out_dir).name
-    model = runtime.load_gpt2(init_from)
+    model = checkpoint.load_gpt2(init_from)
     return model.state_dict(), model.config, {'tokenizer': 'gpt2'}, None, Path(init_from).name
 
 

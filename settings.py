@@ -88,7 +88,8 @@ TRAIN = {
     'DDP / FSDP (under torchrun)': {
         'parallel': S('ddp', "'ddp': every process holds the whole model, gradients and AdamW state; 'fsdp': "
                              "FSDP2, all three sharded over the processes (for models past one GPU's memory)"),
-        'backend': S('nccl', "on CPU gloo is used whatever this says"),
+        'ddp_backend': S('nccl', "torch.distributed's backend on CUDA (nanoGPT calls it `backend`); on CPU gloo "
+                                "is used whatever this says"),
         'ddp_timeout': S(600, "seconds a collective may wait for a dead peer", '>= 1'),
     },
     'system': {

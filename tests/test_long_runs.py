@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import data
 import hardware
-import runtime
 
 pytestmark = pytest.mark.slow  # every test here runs train.py in a subprocess
 
@@ -410,9 +410,9 @@ def test_prepare_hint_names_a_config_that_fits(tmp_path):
 def test_nanogpt_checkpoint_gives_nanogpt_logits():
     """tests/fixtures/nanogpt_ckpt.pt was written by nanoGPT's model code and train.py's format
     (names with '_orig_mod.', attn.c_attn); our GPT built from it gives nanoGPT's logits."""
-    ckpt = runtime.load_checkpoint(FIXTURES / 'nanogpt_ckpt.pt')
+    ckpt = checkpoint.load_checkpoint(FIXTURES / 'nanogpt_ckpt.pt')
     expected = torch.load(FIXTURES / 'nanogpt_logits.pt', weights_only=True)
-    model = runtime.model_from_checkpoint(ckpt, 'nanogpt_ckpt.pt').eval()
+    model = checkpoint.model_from_checkpoint(ckpt, 'nanogpt_ckpt.pt').eval()
     with torch.no_grad():
         logits, _ = model(expected['idx'], expected['idx'])
     torch.testing.assert_close(logits, expected['logits'], rtol=0, atol=1e-6)
