@@ -158,6 +158,17 @@ def load_gpt2(name, dropout=0.0):
             "a model already in the Hugging Face cache (HF_HOME)" if hub.offline_now() else ''))
 
 
+def finished(ckpt, path, max_iters):
+    """Whether a run resumed from `ckpt` (read from `path`) with max_iters has nothing left to
+    do: at max_iters with that iteration evaluated. Past max_iters is refused: the user meant
+    to continue it (a larger max_iters) or to evaluate it."""
+    if max_iters < ckpt['iter_num']:
+        raise UserError(f"the checkpoint {path} is at iteration {ckpt['iter_num']}, past max_iters={max_iters}: "
+                        f"nothing to train, and nothing was changed; give a larger --max_iters to continue the run, "
+                        f"or --eval_only=True to evaluate it")
+    return max_iters == ckpt['iter_num'] and ckpt.get('evaluated', True)
+
+
 def load_optimizer(optimizer, model, state, fsdp):
     """The optimizer state a checkpoint holds; under FSDP each process keeps its own shard of it."""
     if not fsdp:

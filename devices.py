@@ -1,7 +1,8 @@
 """
 The device and the dtype a script runs on (train.py, sample.py): 'auto' picks the best this
 machine has; a device it lacks, or a name that is not one, is refused with one line saying
-what is valid.
+what is valid. And reading small results back from the device without waiting for
+everything it still has to do.
 """
 
 import re
@@ -43,3 +44,20 @@ def pick_dtype(dtype, device):
         dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
     ptdtype = DTYPES[dtype]
     return dtype, nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+
+def synchronize(device):
+    """Wait for the device to finish its queued work (CUDA runs ahead of the host; CPU does not)."""
+    if device.startswith('cuda'):
+        torch.cuda.synchronize(device)
+
+
+def to_host(t):
+    """Start copying a small device tensor to the host; returns a function that waits for
+    the copy (only for it, not for later work) and gives the values as a list."""
+    if t.device.type != 'cuda':
+        return t.tolist
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return lambda: copied.synchronize() or buf.tolist()

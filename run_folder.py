@@ -6,7 +6,8 @@ train.py takes out_dir with claim(): an advisory lock held for the whole run (fl
 operating system releases it when the process ends, however it ends, so a SIGKILL never
 leaves a stale lock), and a run from scratch never replaces a checkpoint that is already
 there unless asked to, and then moves the old run aside instead of deleting it. A write that
-fails (a full disk) is one line naming the last good checkpoint.
+fails (a full disk) is one line naming the last good checkpoint. An evaluation's log line goes
+to Weights & Biases too, when asked, under nanoGPT's keys (wandb_record).
 """
 
 import fcntl
@@ -114,3 +115,14 @@ def start_logs(out, run, resumed_at=None, evaluated=False):
         (out / 'run.json').write_text(json.dumps(run, indent=1))
     except OSError as e:
         raise write_failed(e, f"the logs in {out}", out, resumed_at)
+
+
+def wandb_record(rec):
+    """An evaluation under nanoGPT's wandb keys (iter, train/loss, val/loss, lr, mfu in percent),
+    with val/ppl, tokens and tokens_per_s beside them."""
+    keys = {'iter': 'iter', 'train_loss': 'train/loss', 'val_loss': 'val/loss', 'val_ppl': 'val/ppl',
+            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s'}
+    logged = {name: rec[k] for k, name in keys.items() if rec.get(k) is not None}
+    if rec.get('mfu') is not None:
+        logged['mfu'] = 100 * rec['mfu']
+    return logged

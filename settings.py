@@ -190,3 +190,23 @@ def check(table, config):
         if not (math.isfinite(value) and _inside(value, s.valid)):
             rule = f"in {s.valid}" if s.valid[0] in '[(' else s.valid
             raise UserError(f"{key}={value!r} is out of range; {key} must be {rule} ({s.help})")
+
+
+def notes(config, device):
+    """Settings that are valid but likely not what was meant, each as a one-line note (train.py
+    prints them and runs on)."""
+    c, found = config, []
+    if c['kernel'] == 'triton' and not device.startswith('cuda'):
+        found.append(f"note: kernel='triton' on {device} runs Triton's interpreter, for testing the kernels: expect "
+                     f"it hundreds of times slower than kernel='torch'")
+    if c['eval_only'] or not c['decay_lr']:
+        return found
+    if c['max_iters'] < c['warmup_iters']:
+        found.append(f"note: max_iters={c['max_iters']} is below warmup_iters={c['warmup_iters']}: the run ends while "
+                     f"the learning rate still warms up (it never reaches learning_rate={c['learning_rate']:g}); lower "
+                     f"--warmup_iters")
+    if c['lr_decay_iters'] != c['max_iters']:
+        found.append(f"note: lr_decay_iters={c['lr_decay_iters']} differs from max_iters={c['max_iters']}: the cosine "
+                     f"reaches min_lr={c['min_lr']:g} at iteration {c['lr_decay_iters']}, not at the end of the run "
+                     f"(nanoGPT sets them equal)")
+    return found

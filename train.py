@@ -127,16 +127,9 @@ if fsdp and dtype == 'float16':  # float16 needs the grad scaler on sharded grad
 torch.manual_seed(seed + rank)  # model init is broadcast by DDP; the offset decorrelates dropout
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-if master and kernel == 'triton' and device_type != 'cuda':
-    print(f"note: kernel='triton' on {device} runs Triton's interpreter, for testing the kernels: expect it "
-          f"hundreds of times slower than kernel='torch'")
-if master and not eval_only:
-    if decay_lr and max_iters < warmup_iters:
-        print(f"note: max_iters={max_iters} is below warmup_iters={warmup_iters}: the run ends while the learning "
-              f"rate still warms up (it never reaches learning_rate={learning_rate:g}); lower --warmup_iters")
-    if decay_lr and lr_decay_iters != max_iters:
-        print(f"note: lr_decay_iters={lr_decay_iters} differs from max_iters={max_iters}: the cosine reaches "
-              f"min_lr={min_lr:g} at iteration {lr_decay_iters}, not at the end of the run (nanoGPT sets them equal)")
+if master:
+    for note in settings.notes(config, device):
+        print(note)
 
 # -----------------------------------------------------------------------------
 # data: random training windows from a generator shared by all processes, so the data
@@ -213,12 +206,7 @@ except ValueError as e:
 if block_size > gptconf.block_size:
     raise UserError(f"block_size={block_size} exceeds the model's {gptconf.block_size} "
                     f"({'the checkpoint' if weights is not None else init_from}); lower block_size")
-if ckpt is not None and not eval_only and (max_iters < ckpt['iter_num'] or
-                                           max_iters == ckpt['iter_num'] and ckpt.get('evaluated', True)):
-    if max_iters < ckpt['iter_num']:
-        raise UserError(f"the checkpoint {ckpt_path} is at iteration {ckpt['iter_num']}, past max_iters={max_iters}: "
-                        f"nothing to train, and nothing was changed; give a larger --max_iters to continue the run, "
-                        f"or --eval_only=True to evaluate it")
+if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, max_iters):
     if master_env:
         print(f"the run in {out_dir} is finished (iteration {ckpt['iter_num']} = max_iters, evaluated); nothing "
               f"to do, nothing changed: give a larger --max_iters to train on")
@@ -351,22 +339,6 @@ def on_signal(signum, frame):
     stop_signal = signum
 
 
-def sync():
-    if device_type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
-def to_host(t):
-    """Start copying a small device tensor to the host; returns a function that waits for
-    the copy (only for it, not for later work) and gives the values as a list."""
-    if device_type != 'cuda':
-        return t.tolist
-    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return lambda: copied.synchronize() or buf.tolist()
-
-
 @torch.no_grad()
 def estimate_loss(sets=None):
     """Mean loss over the fixed evaluation windows (or `sets`), shared out over the processes;
@@ -387,7 +359,7 @@ def estimate_loss(sets=None):
                 stopping = stop_read is not None and stop_read()[0] > 0
                 stop_flag.fill_(float(stop_signal is not None))
                 dist.all_reduce(stop_flag)
-                stop_read = to_host(stop_flag.view(1))
+                stop_read = devices.to_host(stop_flag.view(1))
             else:
                 stopping = stop_signal is not None
             if stopping:
@@ -441,17 +413,6 @@ def mfu(tokens_per_s):
             mfu_clamped = True
         value = min(1.0, flops_per_token * tokens_per_s / (peak * world_size))
     return value
-
-
-def wandb_record(rec):
-    """An evaluation under nanoGPT's wandb keys (iter, train/loss, val/loss, lr, mfu in percent),
-    with val/ppl, tokens and tokens_per_s beside them."""
-    keys = {'iter': 'iter', 'train_loss': 'train/loss', 'val_loss': 'val/loss', 'val_ppl': 'val/ppl',
-            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s'}
-    logged = {name: rec[k] for k, name in keys.items() if rec.get(k) is not None}
-    if rec.get('mfu') is not None:
-        logged['mfu'] = 100 * rec['mfu']
-    return logged
 
 
 def read_step(step):
@@ -546,7 +507,7 @@ while True:
                 if not eval_only:
                     run_folder.append_jsonl(out / 'log.jsonl', last, saved_iter)
                 if wandb:
-                    wandb.log(wandb_record(last))
+                    wandb.log(run_folder.wandb_record(last))
             if losses['val'] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses['val'])
                 if iter_num > start_iter:
@@ -591,7 +552,7 @@ while True:
     stats[2] = float(stop_signal is not None)
     if ddp:  # the loss summed over all processes, and one decision for all of them
         dist.all_reduce(stats)
-    step = {'iter': iter_num, 'lr': lr, 'stats': to_host(stats)}
+    step = {'iter': iter_num, 'lr': lr, 'stats': devices.to_host(stats)}
     if skip_nonfinite and dtype != 'float16' and stats[1].item():  # skip_nonfinite: a sync per step
         skipped_steps += 1
         if master:
@@ -609,7 +570,7 @@ while True:
     stop = stop_agreed or not ddp and stop_signal is not None
     read_now = device_type == 'cpu' or first or log_now or stop or iter_num % eval_interval == 0 or iter_num >= max_iters
     if read_now:
-        sync()
+        devices.synchronize(device)
     step['dt'] = time.time() - t0
     if read_now:
         loss, stopped = read_step(step)
