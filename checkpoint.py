@@ -52,6 +52,7 @@ def init_kind(init_from, choices):
 
 # -----------------------------------------------------------------------------
 # reading
+
 def load_checkpoint(path, missing='train first, or set --out_dir'):
     """A checkpoint read with weights_only=True (loading never runs code), this project's or
     nanoGPT's (whose parameter names are mapped to ours). A file that pickles code is refused

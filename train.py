@@ -215,8 +215,9 @@ if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, m
 # everything the user gave has been checked: only now does the run take out_dir and write
 out = Path(out_dir)
 lock = run_folder.claim(out_dir, fresh=ckpt is None, overwrite=overwrite) if master and not eval_only else None
-if ddp:
-    dist.init_process_group(backend=ddp_backend if device_type == 'cuda' else 'gloo', timeout=timedelta(seconds=ddp_timeout))
+if ddp:  # ddp_backend: nanoGPT's `backend`; gloo on CPU, where NCCL does not run
+    dist.init_process_group(backend=ddp_backend if device_type == 'cuda' else 'gloo',
+                            timeout=timedelta(seconds=ddp_timeout))
 if master:
     print(f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} x {batch_size} x "
           f"{block_size}, {world_size} process{'es' * (world_size > 1)}{', FSDP' * fsdp}), device {device}, {dtype}"
