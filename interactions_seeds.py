@@ -207,9 +207,10 @@ def seed_stability(seeds_heads, labels, k=20, key='ranked', measures=None):
                 [head(s, i)['T3'] for s in range(n_seeds)], kk, shape, labels)
             g['three_way_share'] = [head(s, i)['three_way_share'] for s in range(n_seeds)]
         if measures:
-            g['token_share'] = [measures[s]['token_share'][assignments[s][i]] for s in range(n_seeds)]
             prof = [measures[s]['offset_profile'][assignments[s][i]] for s in range(n_seeds)]
             g['offset_rho'] = [pearson(prof[0], p) for p in prof[1:]]
+        if measures and measures[0]['token_share'] is not None:
+            g['token_share'] = [measures[s]['token_share'][assignments[s][i]] for s in range(n_seeds)]
             g['head_type'] = ['token' if t >= 0.5 else 'positional' for t in g['token_share']]
         groups.append(g)
     return dict(method='heads matched to seed 0 by the assignment maximising summed Spearman correlation '
@@ -217,6 +218,41 @@ def seed_stability(seeds_heads, labels, k=20, key='ranked', measures=None):
                 top_k=k, seeds=n_seeds, unrelated_rho=baseline,
                 unrelated_class_block_rho=float(np.mean(block_unrelated)) if block_unrelated else float('nan'),
                 groups=groups)
+
+
+CLASS_TEXT = dict(space='\u2423', newline='\\n', lowercase='a-z', capital='A-Z', punctuation='.,;', other='other')
+
+
+def class_block_figure(report, path):
+    """Each head group's class blocks, seed by seed (rows: groups, columns: seeds), each panel on
+    its own symmetric colour scale (a seed's head may be scaled differently from another's; the
+    pattern is what is compared). Triples: rows the query class, columns the key pair's classes."""
+    from experiments.common import plt
+    groups, n = report['groups'], report['seeds']
+    classes = [CLASS_TEXT[c] for c in groups[0]['classes']]
+    triples = np.asarray(groups[0]['class_blocks'][0]).ndim == 3
+    cols_text = [f"{b} {c}" for b in classes for c in classes] if triples else classes
+    width = 0.9 + 0.32 * len(cols_text)
+    fig, axes = plt.subplots(len(groups), n, figsize=(width * n + 0.4, (0.9 + 0.32 * len(classes)) * len(groups) + 0.6),
+                             squeeze=False, layout='constrained')
+    for g, group in enumerate(groups):
+        for s in range(n):
+            x = np.asarray(group['class_blocks'][s], dtype=float).reshape(len(classes), -1)
+            v = np.abs(x).max() or 1.0
+            ax = axes[g, s]
+            ax.imshow(x, cmap='RdBu_r', vmin=-v, vmax=v, interpolation='nearest', aspect='auto')
+            ax.set_title(f"group {g}, seed {s} (head {group['heads'][s]})", fontsize=9)
+            ax.set_yticks(range(len(classes)), classes, fontsize=9)
+            ax.set_xticks(range(len(cols_text)), cols_text, fontsize=8, rotation=90 if triples else 0)
+            if s == 0:
+                ax.set_ylabel('query class')
+            if g == len(groups) - 1:
+                ax.set_xlabel('key classes (1, 2)' if triples else 'key class')
+    fig.suptitle(f"{report['attention']}: layer {report['layer']}, coefficients averaged over token classes,\n"
+                 f"matched heads by seed (each panel its own scale: red high, blue low)", fontsize=10)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def rounded(x, digits=4):
@@ -239,8 +275,9 @@ def stability_lines(report, names):
         if 'token_share' in group:
             types = group['head_type']
             lines.append(f"  token share {', '.join(f'{t:.2f}' for t in group['token_share'])} "
-                         f"({max(set(types), key=types.count)} head in {max(types.count(t) for t in types)}/{n}); "
-                         f"offset profile r {np.mean(group['offset_rho']):.2f} [{min(group['offset_rho']):.2f}, "
+                         f"({max(set(types), key=types.count)} head in {max(types.count(t) for t in types)}/{n})")
+        if 'offset_rho' in group:
+            lines.append(f"  offset profile r {np.mean(group['offset_rho']):.2f} [{min(group['offset_rho']):.2f}, "
                          f"{max(group['offset_rho']):.2f}]")
         if 'three_way_share' in group:
             lines.append(f"  three-way share {', '.join(f'{t:.2f}' for t in group['three_way_share'])}")
@@ -286,8 +323,11 @@ def main(o, dirs):
         layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
         heads = ia.read_attention(layer_sd, cfg, kind, inputs)
         seeds_heads.append(heads)
-        shares = np.mean([ia.token_share(sd, cfg, o['layer'], tokens, heads, o['ln'], seed=j) for j in range(2)], 0)
-        measures.append(dict(token_share=[float(x) for x in shares],
+        shares = None  # as for one model: measured only where positions are averaged; two draws
+        if o['positions'] == 'mean':
+            shares = [float(x) for x in np.mean([ia.token_share(sd, cfg, o['layer'], tokens, heads, o['ln'], seed=j)
+                                                 for j in range(2)], 0)]
+        measures.append(dict(token_share=shares,
                              offset_profile=ia.offset_profile(sd, cfg, o['layer'], tokens, o['ln'])))
     report = seed_stability(seeds_heads, labels, k=o['top_k'], measures=measures)
     report.update(sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
@@ -300,5 +340,7 @@ def main(o, dirs):
     tmp = path.with_suffix('.json.tmp')
     tmp.write_text(json.dumps(report, indent=1))
     os.replace(tmp, path)
-    print(f"wrote {path}")
+    if o['figures']:
+        class_block_figure(report, out / f"seeds_layer{o['layer']}_class_blocks.png")
+    print(f"wrote {path}" + (f" and {out}/seeds_layer{o['layer']}_class_blocks.png" if o['figures'] else ''))
     return report

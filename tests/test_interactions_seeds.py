@@ -114,6 +114,8 @@ def test_command_line_over_several_checkpoints(tmp_path):
                       f"--report_dir={tmp_path / 'rep'}"])
     assert report['seeds'] == 3 and len(report['groups']) == 2 and report['attention'] == 'sa'
     assert json.loads((tmp_path / 'rep' / 'seeds.json').read_text())['groups'][0]['heads'][0] == 0
+    assert (tmp_path / 'rep' / 'seeds_layer0_class_blocks.png').stat().st_size > 0
+    assert 'token_share' not in report['groups'][0] and len(report['groups'][0]['offset_rho']) == 2  # positions=none
     save_ckpt(tmp_path / 'other', GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=4, n_embd=8,
                                                 bias=False)), itos)
     with pytest.raises(UserError, match='is another model than'):
