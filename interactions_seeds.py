@@ -41,6 +41,8 @@ as one seed's.
 import glob
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -295,7 +297,39 @@ def stability_lines(report, names):
     return lines
 
 
-def main(o, dirs):
+def tables(report):
+    """The markdown tables docs/interactions.md shows for one seeds.json: per head group its
+    stability beside the baselines, and what a majority of seeds share."""
+    n, k = report['seeds'], report['top_k']
+    f2 = lambda xs: f"{np.mean(xs):.2f} [{min(xs):.2f}, {max(xs):.2f}]"
+    ha = 'three_way_share' in report['groups'][0]
+    head = ['group', 'heads (seed 0..)', 'rank corr.', f'top-{k} overlap', 'class blocks r', 'token share',
+            'offset r'] + (['three-way share'] if ha else [])
+    rows = [head, ['---'] * len(head)]
+    for g, group in enumerate(report['groups']):
+        row = [str(g), ' '.join(str(h) for h in group['heads']), f2(group['rho']),
+               f"{np.mean(group['overlap']):.1f}", f2(group['class_block_rho']),
+               ', '.join(f'{t:.2f}' for t in group['token_share']) if 'token_share' in group else '-',
+               f2(group['offset_rho']) if 'offset_rho' in group else '-']
+        if ha:
+            row.append(', '.join(f'{t:.2f}' for t in group['three_way_share']))
+        rows.append(row)
+    rows.append(['unrelated heads', '', f"{report['unrelated_rho']:.2f}",
+                 f"{np.mean([g['unrelated_overlap'] for g in report['groups']]):.1f} "
+                 f"(chance {report['groups'][0]['chance']:.2g})",
+                 f"{report['unrelated_class_block_rho']:.2f}", '', ''] + ([''] if ha else []))
+    stability = '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
+    rows = [['group', f'in the top {k} of a majority of seeds (seeds of {n})'] + (['three-way part'] if ha else []),
+            ['---', '---'] + (['---'] if ha else [])]
+    cell = lambda rec: ', '.join(f"`{r['text']}` {r['seeds']}" for r in rec[:8]) + (
+        f" (+{len(rec) - 8} more)" if len(rec) > 8 else '') if rec else 'nothing'
+    for g, group in enumerate(report['groups']):
+        rows.append([str(g), cell(group['recurring'])] + ([cell(group['recurring_three_way'])] if ha else []))
+    recurring = '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
+    return dict(stability=stability, recurring=recurring)
+
+
+def main(o, dirs, argv=()):
     """interactions.py over several checkpoints of one variant: read each, match, report."""
     import interactions as ia
     loaded = [ia.load_source(d, 'resume', o['meta']) for d in dirs]
@@ -330,7 +364,8 @@ def main(o, dirs):
         measures.append(dict(token_share=shares,
                              offset_profile=ia.offset_profile(sd, cfg, o['layer'], tokens, o['ln'])))
     report = seed_stability(seeds_heads, labels, k=o['top_k'], measures=measures)
-    report.update(sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
+    report.update(command='python interactions.py ' + ' '.join(shlex.quote(a) for a in argv),
+                  sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
                   tokens=[all_labels[t] for t in tokens])
     for line in stability_lines(report, [Path(d).name for d in dirs]):
         print(line)
@@ -344,3 +379,10 @@ def main(o, dirs):
         class_block_figure(report, out / f"seeds_layer{o['layer']}_class_blocks.png")
     print(f"wrote {path}" + (f" and {out}/seeds_layer{o['layer']}_class_blocks.png" if o['figures'] else ''))
     return report
+
+
+if __name__ == '__main__':  # python interactions_seeds.py results/readout_seeds/*/seeds.json: the docs' tables
+    for path in sys.argv[1:]:
+        print(f"{path}\n")
+        for table in tables(json.loads(Path(path).read_text())).values():
+            print(table + '\n')

@@ -171,3 +171,19 @@ def test_head_type_and_offset_agreement_come_from_each_seeds_measures():
     assert g0['heads'] == [0, 1] and g0['token_share'] == [0.9, 0.8] and g0['head_type'] == ['token', 'token']
     assert g1['token_share'] == [0.1, 0.2] and g1['head_type'] == ['positional', 'positional']
     assert g0['offset_rho'] == [pytest.approx(1.0)] and g1['offset_rho'] == [pytest.approx(1.0)]
+
+
+def test_the_docs_tables_state_the_reports_numbers():
+    """tables(): per group the matched heads, the correlations and overlaps the report holds, the
+    unrelated-head baselines in their own row, and the majority structures with their seed counts."""
+    gen = torch.Generator().manual_seed(8)
+    ref = fake_heads(gen, 2, n=6)
+    other = [{'ranked': ref[1]['ranked'] + 0.1}, {'ranked': ref[0]['ranked'].clone()}]
+    report = seeds.seed_stability([ref, other], list('abcdef'), k=3)
+    stability, recurring = seeds.tables(report).values()
+    g0 = report['groups'][0]
+    assert g0['heads'] == [0, 1] and g0['overlap'] == [3]
+    assert f"| 0 | 0 1 | {g0['rho'][0]:.2f} [{g0['rho'][0]:.2f}, {g0['rho'][0]:.2f}] | 3.0 |" in stability
+    assert f"| unrelated heads |  | {report['unrelated_rho']:.2f} |" in stability
+    top = g0['recurring'][0]
+    assert recurring.splitlines()[2].startswith(f"| 0 | `{top['text']}` 2,")
