@@ -38,30 +38,33 @@ ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
 
 @dataclass
 class GPTConfig:
+    """What each field means and accepts: settings.py, where every setting is documented once
+    (TRAIN's 'model' and 'attention' sections, printed by `python train.py --help`; MODEL_ONLY
+    for gelu, softmax and causal, which train.py does not take). The defaults are GPT-2 124M's."""
     block_size: int = 1024
     vocab_size: int = 50304     # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    bias: bool = True           # biases in Linear and LayerNorm layers, as GPT-2
-    gelu: str = 'exact'         # 'tanh': the tanh approximation, as GPT-2's weights were trained with
-    attention: str = 'sa'       # one of ATTENTIONS, for every layer...
-    attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
-    head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
-    causal: bool = True         # False only for the set-to-set experiments, never for an LM
-    softmax: bool = True        # False drops the softmax of every variant ('sa' then is 'linear')
-    linear_norm: bool = False   # linear: divide by the number of visible keys (i + 1)
-    hfa_order: int = 2          # A, the number of score factors multiplied together
-    n_hfa_head: int = -1        # -1: every head is HFA; else that many HFA heads, the rest SA
-    hfa_kron: str = 'auto'      # 'auto' | 'on' | 'off': lifted-query SDPA path for HFA
-    ha_order: int = 3           # n: n - 1 keys per score
-    ha_share_kv: bool = False   # K2 = K1 and V2 = V1 (the weight-shared HA)
-    ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
-    ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
-    attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
-    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch' | 'reference': who computes attention (attention_kernels/)
-    kernel_check: bool = True   # each Triton kernel's first use on CUDA is checked against PyTorch (attention_kernels/guard.py)
+    bias: bool = True           # as GPT-2 (train.py's default is False, as nanoGPT's)
+    gelu: str = 'exact'
+    attention: str = 'sa'       # one of ATTENTIONS
+    attn_layers: str = ''
+    head_dim: int = 0
+    causal: bool = True
+    softmax: bool = True
+    linear_norm: bool = False
+    hfa_order: int = 2
+    n_hfa_head: int = -1
+    hfa_kron: str = 'auto'
+    ha_order: int = 3
+    ha_share_kv: bool = False
+    ha_window1: int = 0
+    ha_window2: int = 0
+    attn_window: int = 0
+    kernel: str = 'auto'        # one of attention_kernels.KERNELS
+    kernel_check: bool = True
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
