@@ -4,7 +4,6 @@ tests/test_kernels_compile.py), and every budget fits a day on one 8-GPU node at
 stated MFU, except the one labelled LONG (nanoGPT's full recipe)."""
 
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,19 +42,6 @@ def test_budget_fits_a_day_on_8_gpus_unless_labelled_long(path):
              for h, unit in re.findall(r'= ([\d,.]+) (h|min) on \d+ (?:x \w+|GPUs)', header)]
     assert hours, path.name
     assert max(hours) <= 24 or 'LONG' in header, f"{path.name}: {max(hours)} h on one node and not labelled LONG"
-
-
-@pytest.mark.slow  # sizes every run of three grids
-def test_readme_states_the_scaling_study_budget():
-    hours = []
-    for size in ('s', 'm', 'l'):
-        with tempfile.TemporaryDirectory() as out:
-            args = grid.parse_args(['--config', str(ROOT / 'config' / f'scaling_{size}.py'), '--gpus', '0-7',
-                                    '--out', out, '--est_gpu', budgets.GPU, '--est_mfu', str(budgets.MFU)])
-            hours.append(grid.grid_budget(args, grid.plan(args), args.seeds)[1]['gpu_hours'])
-    text = ' '.join((ROOT / 'README.md').read_text().split())
-    stated = f"{hours[0]:.1f}, {hours[1]:.1f} and {hours[2]:.1f} GPU-hours ({sum(hours):.1f} in all, on H100 at 30% MFU"
-    assert stated in text, stated
 
 
 def test_a_stale_header_is_caught(tmp_path):
