@@ -1,10 +1,9 @@
 """The scaling study's presets (config/scaling_s.py, scaling_m.py, scaling_l.py): each size's dry run
 lists its 12 runs (SA, windowed SA, HA in every layer, HA in every 4th layer; 3 seeds) with their
 budgets, every variant of a size sees 20 tokens per SA parameter, every-layer HA is matched to SA's
-parameter count by head width, and the README's total is the sum of the sizes' grids. Nothing is
+parameter count by head width, and the README states each size's grid and their total. Nothing is
 trained: the models are built on the meta device."""
 
-import re
 from pathlib import Path
 
 import pytest
