@@ -11,11 +11,11 @@ A GPT language model whose attention block is chosen by one flag.
 the Lens of Interactions", ICML 2025, arXiv 2506.06179. Their "HyperAttention" is a
 higher-order attention, not the LSH long-context method of Han et al. (ICLR 2024).
 
-Layout: a layer is a few groups of heads (`Heads` subclasses, one per variant) whose
-outputs are concatenated and mixed by one output projection W_O (`Attention`). Every
-group owns one fused input projection that produces its query/key/value streams, so
-the shared machinery (projection, head split, KV cache, W_O) is written once and each
-variant only says how its heads mix keys into values: the formula in its docstring and
+Layout: a layer is a few groups of heads (which ones: `head_groups`; `Heads` subclasses, one
+per variant) whose outputs are concatenated and mixed by one output projection W_O
+(`Attention`). Every group owns one fused input projection that produces its query/key/value
+streams, so the shared machinery (projection, head split, KV cache, W_O) is written once and
+each variant only says how its heads mix keys into values: the formula in its docstring and
 one call into attention_kernels/, which holds every way of computing it.
 """
 
