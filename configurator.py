@@ -17,6 +17,7 @@ import difflib
 import importlib.util
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from errors import UserError
@@ -158,5 +159,6 @@ def help_text(table, script, doc):
         out += ['', f"{section}:"] if section else ['']
         for key, s in settings.items():
             valid = f" ({s.valid})" if s.valid else ''
-            out.append(f"  {f'{key} = {s.default!r}':<{width}}{s.help}{valid}")
+            out += textwrap.wrap(s.help + valid, 110, initial_indent=f"  {f'{key} = {s.default!r}':<{width}}",
+                                 subsequent_indent=' ' * (width + 2), break_on_hyphens=False)
     return '\n'.join(out)

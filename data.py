@@ -280,6 +280,50 @@ def read_meta_file(path):
     return {'tokenizer': 'char' if 'itos' in meta else 'gpt2', **meta}
 
 
+def tok_itos(meta):
+    """A character vocabulary as a list (nanoGPT's meta.pkl stores {int: str})."""
+    itos = meta.get('itos')
+    return [itos[i] for i in range(len(itos))] if isinstance(itos, dict) else itos
+
+
+def tokenizer_record(meta):
+    """What a checkpoint records of its dataset's tokenizer: its kind, vocabulary size and, for
+    characters, the vocabulary itself (as a list)."""
+    record = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
+    if 'itos' in record:
+        record['itos'] = tok_itos(meta)
+    return record
+
+
+def check_tokens_fit(ckpt, source, meta, folder):
+    """Refuse a checkpoint (from `source`) whose tokens are not this dataset's: another tokenizer,
+    a smaller vocabulary, or the same number of other characters. nanoGPT's checkpoints record
+    no tokenizer: only the size is checked."""
+    ckpt_tok = ckpt.get('tokenizer', {})
+    vocab = ckpt['model_args']['vocab_size']
+    other_chars = 'itos' in ckpt_tok and ckpt_tok['itos'] != tokenizer_record(meta).get('itos')
+    if ckpt_tok.get('tokenizer', meta.get('tokenizer')) != meta.get('tokenizer') or \
+            vocab < meta['vocab_size'] or other_chars:
+        raise UserError(f"checkpoint {source} was trained with tokenizer {ckpt_tok.get('tokenizer')!r} "
+                        f"(vocab {vocab}) but {folder} uses {meta.get('tokenizer')!r} "
+                        f"(vocab {meta['vocab_size']}{', other characters' * (vocab == meta['vocab_size'])}); "
+                        f"use the dataset the checkpoint was trained on")
+
+
+def check_gpt2_tokens(init_from, meta, folder):
+    """Refuse to start from GPT-2's weights (init_from) on data not in GPT-2's tokens, saying how
+    to prepare them."""
+    if meta.get('tokenizer') == 'gpt2':
+        return
+    folder = Path(folder)
+    corpus = folder.name.removesuffix('_char')  # the embedded corpora: <corpus>_char and <corpus> (GPT-2)
+    fix = (f"python prepare_shakespeare.py --only=gpt2{f' --corpus={corpus}' * (corpus != 'shakespeare')} "
+           f"and train with --dataset={corpus}" if folder.name.endswith('_char') and corpus in GUTENBERG
+           else f"python prepare_openwebtext.py --source=... --tokenizer=gpt2 --name={folder.name}_gpt2")
+    raise UserError(f"init_from={init_from!r} needs GPT-2 tokens, but {folder} was prepared with the "
+                    f"{meta.get('tokenizer')!r} tokenizer; prepare GPT-2 tokens: {fix}")
+
+
 def open_split(folder, split, block_size):
     path = Path(folder) / f'{split}.bin'
     if not path.exists():

@@ -88,7 +88,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attention_kernels.hfa.pytorch import lift
 from errors import UserError
+from model import head_groups
 
 # the options (out_dir, init_from, layer, positions, ...): settings.INTERACTIONS, which --help prints
 AUTO_N_PAIRS, AUTO_N_TRIPLES = 256, 96
@@ -98,32 +100,14 @@ LN_EPS = 1e-5  # model.py's nn.LayerNorm default, as GPT-2's
 # -----------------------------------------------------------------------------
 # the heads of one layer, read from parameter names and shapes
 
-def head_groups(cfg, kind):
-    """The groups of heads of one layer as model.Attention builds them, in c_proj's order:
-    [(group kind, heads, n_q, n_k, n_v, softmax)]. A group's c_attn produces its streams as
-    (stream, head, dh), streams in the order queries, keys, values (Heads.forward)."""
-    H, A = cfg.n_head, cfg.hfa_order
-    sa = ('sa', 1, 1, 1, True) if cfg.softmax else ('linear', 1, 1, 1, False)
-    if kind == 'sa':
-        return [(sa[0], H, *sa[1:])]
-    if kind == 'linear':
-        return [('linear', H, 1, 1, 1, False)]
-    if kind in ('hfa_v1', 'hfa_v2'):
-        n = H if cfg.n_hfa_head < 0 else cfg.n_hfa_head
-        groups = [(sa[0], H - n, *sa[1:])] if n < H else []
-        return groups + ([(kind, n, A, A, A if kind == 'hfa_v2' else 1, cfg.softmax)] if n else [])
-    if kind == 'ha':
-        if cfg.ha_order != 3:
-            raise UserError(f"the read-out handles HyperAttention of order 3; this layer has ha_order={cfg.ha_order}")
-        n = 1 if cfg.ha_share_kv else 2
-        return [('ha', H, 1, n, n, cfg.softmax)]
-    raise UserError(f"unknown attention {kind!r}")
-
-
 def attention_weights(sd, cfg, kind):
     """[(group kind, softmax, q, k, v weights and biases as (streams, heads, dh, n_embd) and
     (streams, heads, dh)), ...] and W_O (n_embd, n_head * dh), from the layer's state dict
-    (names relative to the layer's attention: 'groups.<g>.c_attn.weight', 'c_proj.weight')."""
+    (names relative to the layer's attention: 'groups.<g>.c_attn.weight', 'c_proj.weight'). The
+    groups are model.py's (head_groups), in c_proj's order; a group's c_attn produces its streams
+    as (stream, head, dh), queries, keys, values (Heads.forward)."""
+    if kind == 'ha' and cfg.ha_order != 3:
+        raise UserError(f"the read-out handles HyperAttention of order 3; this layer has ha_order={cfg.ha_order}")
     dh, d = cfg.dh, cfg.n_embd
     groups = []
     for g, (gkind, h, nq, nk, nv, softmax) in enumerate(head_groups(cfg, kind)):
@@ -204,8 +188,8 @@ def mean_streams(groups, inputs, budget=1 << 24):
                 step = max(1, budget // (s[0, 0].numel() * s.size(-1) ** (nq - 1)))
                 for i in range(0, s.size(0), step):  # the lifted streams are dh^(A-1) times wider
                     c = s[i:i + step]
-                    a['q_lift'] = a['q_lift'] + lift(c[:, :nq]).sum(0)
-                    a['k_lift'] = a['k_lift'] + lift(c[:, nq:nq + nk]).sum(0)
+                    a['q_lift'] = a['q_lift'] + lift(c[:, :nq].movedim(1, 0)).sum(0)
+                    a['k_lift'] = a['k_lift'] + lift(c[:, nq:nq + nk].movedim(1, 0)).sum(0)
                     a['v_prod'] = a['v_prod'] + c[:, nq + nk:].prod(1).sum(0)
     out = []
     for g, a in zip(groups, acc):
@@ -213,14 +197,6 @@ def mean_streams(groups, inputs, budget=1 << 24):
         mean = a['sum'] / count
         out.append(dict(q=mean[:nq], k=mean[nq:nq + nk], v=mean[nq + nk:],
                         **{key: a[key] / count for key in ('q_lift', 'k_lift', 'v_prod')}))
-    return out
-
-
-def lift(x):
-    """Row-wise Kronecker product over dim 1 (the A streams): (P, A, ..., dh) -> (P, ..., dh^A)."""
-    out = x[:, 0]
-    for a in range(1, x.size(1)):
-        out = (out.unsqueeze(-1) * x[:, a].unsqueeze(-2)).flatten(-2)
     return out
 
 
@@ -557,15 +533,15 @@ def load_source(out_dir, init_from, meta=''):
     """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles); the
     checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them, and a
     checkpoint's tokens as sample.py reads them (meta: --meta, for a checkpoint that carries none)."""
-    import runtime
+    import checkpoint
     from model import GPTConfig
-    if runtime.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
+    if checkpoint.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
         path = Path(out_dir) / 'ckpt.pt'
-        ckpt = runtime.load_checkpoint(path, "train first (python train.py ...) or set --out_dir")
+        ckpt = checkpoint.load_checkpoint(path, "train first (python train.py ...) or set --out_dir")
         cfg = GPTConfig.from_dict(ckpt['model_args'])
-        labels = runtime.checkpoint_meta(ckpt, path, meta, gpt2_fallback=False) or {}  # none found: ids as numbers
+        labels = checkpoint.checkpoint_meta(ckpt, path, meta, gpt2_fallback=False) or {}  # none found: ids as numbers
         return ckpt['model'], cfg, labels, ckpt.get('dataset'), Path(out_dir).name
-    model = runtime.load_gpt2(init_from)
+    model = checkpoint.load_gpt2(init_from)
     return model.state_dict(), model.config, {'tokenizer': 'gpt2'}, None, Path(init_from).name
 
 
@@ -663,7 +639,7 @@ def main(argv=None):
         import interactions_seeds
         dirs = interactions_seeds.checkpoint_dirs(o['out_dir'])
         if dirs:
-            return interactions_seeds.main(o, dirs)
+            return interactions_seeds.main(o, dirs, sys.argv[1:] if argv is None else argv)
     sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'], o['meta'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):

@@ -11,17 +11,18 @@ A GPT language model whose attention block is chosen by one flag.
 the Lens of Interactions", ICML 2025, arXiv 2506.06179. Their "HyperAttention" is a
 higher-order attention, not the LSH long-context method of Han et al. (ICLR 2024).
 
-Layout: a layer is a few groups of heads (`Heads` subclasses, one per variant) whose
-outputs are concatenated and mixed by one output projection W_O (`Attention`). Every
-group owns one fused input projection that produces its query/key/value streams, so
-the shared machinery (projection, head split, KV cache, W_O) is written once and each
-variant only says how its heads mix keys into values: the formula in its docstring and
+Layout: a layer is a few groups of heads (which ones: `head_groups`; `Heads` subclasses, one
+per variant) whose outputs are concatenated and mixed by one output projection W_O
+(`Attention`). Every group owns one fused input projection that produces its query/key/value
+streams, so the shared machinery (projection, head split, KV cache, W_O) is written once and
+each variant only says how its heads mix keys into values: the formula in its docstring and
 one call into attention_kernels/, which holds every way of computing it.
 """
 
 import math
 import os
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -37,30 +38,33 @@ ATTENTIONS = ('sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha')
 
 @dataclass
 class GPTConfig:
+    """What each field means and accepts: settings.py, where every setting is documented once
+    (TRAIN's 'model' and 'attention' sections, printed by `python train.py --help`; MODEL_ONLY
+    for gelu, softmax and causal, which train.py does not take). The defaults are GPT-2 124M's."""
     block_size: int = 1024
     vocab_size: int = 50304     # GPT-2's 50257 padded up to a multiple of 64
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    bias: bool = True           # biases in Linear and LayerNorm layers, as GPT-2
-    gelu: str = 'exact'         # 'tanh': the tanh approximation, as GPT-2's weights were trained with
-    attention: str = 'sa'       # one of ATTENTIONS, for every layer...
-    attn_layers: str = ''       # ...unless given per layer, e.g. 'sa,sa,sa,ha'
-    head_dim: int = 0           # 0: n_embd // n_head. [IA] also allows n_embd // (n_head * hfa_order)
-    causal: bool = True         # False only for the set-to-set experiments, never for an LM
-    softmax: bool = True        # False drops the softmax of every variant ('sa' then is 'linear')
-    linear_norm: bool = False   # linear: divide by the number of visible keys (i + 1)
-    hfa_order: int = 2          # A, the number of score factors multiplied together
-    n_hfa_head: int = -1        # -1: every head is HFA; else that many HFA heads, the rest SA
-    hfa_kron: str = 'auto'      # 'auto' | 'on' | 'off': lifted-query SDPA path for HFA
-    ha_order: int = 3           # n: n - 1 keys per score
-    ha_share_kv: bool = False   # K2 = K1 and V2 = V1 (the weight-shared HA)
-    ha_window1: int = 0         # 0: full causal; else j1 in the last w1 positions
-    ha_window2: int = 0         # 0: full causal; else j2 in the last w2 positions
-    attn_window: int = 0        # 0: full causal; else sa, linear and hfa heads see the last w positions
-    kernel: str = 'auto'        # 'auto' | 'triton' | 'torch' | 'reference': who computes attention (attention_kernels/)
-    kernel_check: bool = True   # each Triton kernel's first use on CUDA is checked against PyTorch (attention_kernels/guard.py)
+    bias: bool = True           # as GPT-2 (train.py's default is False, as nanoGPT's)
+    gelu: str = 'exact'
+    attention: str = 'sa'       # one of ATTENTIONS
+    attn_layers: str = ''
+    head_dim: int = 0
+    causal: bool = True
+    softmax: bool = True
+    linear_norm: bool = False
+    hfa_order: int = 2
+    n_hfa_head: int = -1
+    hfa_kron: str = 'auto'
+    ha_order: int = 3
+    ha_share_kv: bool = False
+    ha_window1: int = 0
+    ha_window2: int = 0
+    attn_window: int = 0
+    kernel: str = 'auto'        # one of attention_kernels.KERNELS
+    kernel_check: bool = True
 
     def __post_init__(self):
         for kind in {self.attention, *self.layer_attentions()}:
@@ -108,24 +112,52 @@ class GPTConfig:
 
 
 # -----------------------------------------------------------------------------
-# groups of heads: one class per variant
+# groups of heads: which a layer has (head_groups), then one class per variant
+
+class HeadGroup(NamedTuple):
+    kind: str       # what its heads compute: 'sa', 'linear', 'hfa_v1', 'hfa_v2' or 'ha' (their class: HEADS)
+    heads: int
+    n_q: int        # query, key and value streams per head: c_attn's output, in this order
+    n_k: int
+    n_v: int
+    softmax: bool
+
+
+def head_groups(cfg, kind):
+    """The groups of heads of one layer of variant `kind`, in the order their outputs enter W_O.
+    A layer has one group, except HFA with n_hfa_head < n_head: SA heads, then HFA heads.
+    softmax=False drops every softmax, so SA heads are then linear heads."""
+    H, A = cfg.n_head, cfg.hfa_order
+    pairwise = 'sa' if cfg.softmax else 'linear'  # the heads of a layer that are neither HFA nor HA
+    if kind in ('sa', 'linear'):
+        g = pairwise if kind == 'sa' else 'linear'
+        return [HeadGroup(g, H, 1, 1, 1, g == 'sa')]
+    if kind in ('hfa_v1', 'hfa_v2'):
+        n_hfa = H if cfg.n_hfa_head < 0 else cfg.n_hfa_head
+        groups = [HeadGroup(pairwise, H - n_hfa, 1, 1, 1, cfg.softmax)] if n_hfa < H else []
+        return groups + ([HeadGroup(kind, n_hfa, A, A, A if kind == 'hfa_v2' else 1, cfg.softmax)] if n_hfa else [])
+    if kind == 'ha':
+        n = 1 if cfg.ha_share_kv else cfg.ha_order - 1  # shared: one key and one value stream in every slot
+        return [HeadGroup('ha', H, 1, n, n, cfg.softmax)]
+    raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(ATTENTIONS)}")
+
 
 class Heads(nn.Module):
     """A group of heads with one fused input projection x -> (queries, keys, values).
 
-    Subclasses set how many query, key and value streams a head has and implement
-    `mix(q, k, v, offset)`: q is (n_q, B, H, Tq, dh), k (n_k, B, H, Tk, dh), v
-    (n_v, B, H, Tk, dh); it returns (B, H, Tq, dh). Queries sit at positions
+    `group` (a HeadGroup) gives the number of heads and of query, key and value streams per
+    head. Subclasses implement `mix(q, k, v, offset)`: q is (n_q, B, H, Tq, dh), k (n_k, B, H,
+    Tk, dh), v (n_v, B, H, Tk, dh); it returns (B, H, Tq, dh). Queries sit at positions
     offset..offset+Tq-1, keys at 0..Tk-1 (Tk > Tq when decoding from a cache). How a
     family is computed (SDPA, Triton, PyTorch forms) is attention_kernels/'s choice.
     """
-    n_q, n_k, n_v = 1, 1, 1
 
-    def __init__(self, cfg, n_heads):
+    def __init__(self, cfg, group):
         super().__init__()
-        self.cfg, self.h, self.dh = cfg, n_heads, cfg.dh
+        self.cfg, self.h, self.dh = cfg, group.heads, cfg.dh
+        self.n_q, self.n_k, self.n_v = group.n_q, group.n_k, group.n_v
         self.n_streams = self.n_q + self.n_k + self.n_v
-        self.c_attn = nn.Linear(cfg.n_embd, self.n_streams * n_heads * self.dh, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.n_embd, self.n_streams * self.h * self.dh, bias=cfg.bias)
         self.dropout = cfg.dropout
         attention_kernels.prepare(cfg.kernel)
 
@@ -195,11 +227,6 @@ class HFAHeads(Heads):
     row-wise Kronecker-lifted queries/keys of width dh^A, exact and fused, while dh^A is small
     (hfa_kron='auto'); else the scores materialised."""
 
-    def __init__(self, cfg, n_heads, values_product):
-        A = cfg.hfa_order
-        self.n_q, self.n_k, self.n_v = A, A, (A if values_product else 1)
-        super().__init__(cfg, n_heads)
-
     def mix(self, q, k, v, offset):  # hfa_v1: v.prod(0) is the one value stream; hfa_v2: the Hadamard product
         return hfa.attention(q, k, v.prod(0), offset, self.cfg.causal, self.window, self.cfg.softmax,
                              self.cfg.hfa_kron, self.drop, self.cfg.kernel, self.cfg.kernel_check)
@@ -226,10 +253,6 @@ class HAHeads(Heads):
 
     window = 0  # HA has its own windows, ha_window1 and ha_window2; attn_window is not one
 
-    def __init__(self, cfg, n_heads):
-        self.n_k = self.n_v = 1 if cfg.ha_share_kv else cfg.ha_order - 1
-        super().__init__(cfg, n_heads)
-
     def mix(self, q, k, v, offset):  # shared keys and values: one stream (k, v of size 1) in every slot
         c = self.cfg
         return ha.attention(q.squeeze(0), k, v, offset, c.causal, c.ha_order, (c.ha_window1, c.ha_window2),
@@ -243,28 +266,16 @@ class HAHeads(Heads):
         return 4 * self.dh * tuples  # logits and values: about 2 dh FLOPs each per tuple
 
 
+HEADS = {'sa': SoftmaxHeads, 'linear': LinearHeads, 'hfa_v1': HFAHeads, 'hfa_v2': HFAHeads, 'ha': HAHeads}
+
+
 class Attention(nn.Module):
-    """One attention layer: its groups of heads, concatenated, then W_O.
-    A layer has one group, except HFA with n_hfa_head < n_head: SA heads + HFA heads."""
+    """One attention layer: its groups of heads (head_groups), concatenated, then W_O."""
 
     def __init__(self, cfg, kind):
         super().__init__()
-        H = cfg.n_head
-        SAHeads = SoftmaxHeads if cfg.softmax else LinearHeads
-        if kind == 'sa':
-            groups = [SAHeads(cfg, H)]
-        elif kind == 'linear':
-            groups = [LinearHeads(cfg, H)]
-        elif kind in ('hfa_v1', 'hfa_v2'):
-            n_hfa = H if cfg.n_hfa_head < 0 else cfg.n_hfa_head
-            groups = [SAHeads(cfg, H - n_hfa)] if n_hfa < H else []
-            groups += [HFAHeads(cfg, n_hfa, values_product=kind == 'hfa_v2')] if n_hfa else []
-        elif kind == 'ha':
-            groups = [HAHeads(cfg, H)]
-        else:
-            raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(ATTENTIONS)}")
-        self.groups = nn.ModuleList(groups)
-        self.c_proj = nn.Linear(H * cfg.dh, cfg.n_embd, bias=cfg.bias)
+        self.groups = nn.ModuleList(HEADS[g.kind](cfg, g) for g in head_groups(cfg, kind))
+        self.c_proj = nn.Linear(cfg.n_head * cfg.dh, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, kv=None, offset=0):

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
+import checkpoint
 import configurator
-import runtime
+import devices
 import settings
 import tokenizer as tok
 from errors import UserError
@@ -34,19 +35,19 @@ settings.check(settings.SAMPLE, config)
 globals().update(config)
 # -----------------------------------------------------------------------------
 
-device = runtime.pick_device(device)
-dtype, ctx = runtime.pick_dtype(dtype, device)
-kind = runtime.init_kind(init_from, ('resume', 'gpt2', 'file'))
+device = devices.pick_device(device)
+dtype, ctx = devices.pick_dtype(dtype, device)
+kind = checkpoint.init_kind(init_from, ('resume', 'gpt2', 'file'))
 if kind == 'gpt2':
-    model = runtime.load_gpt2(init_from)
+    model = checkpoint.load_gpt2(init_from)
     enc = tok.GPT2Tokenizer()
 else:
     ckpt_path = Path(out_dir) / 'ckpt.pt' if kind == 'resume' else Path(init_from)
-    ckpt = runtime.load_checkpoint(ckpt_path, "train first (python train.py ...) or set --out_dir")
-    model = runtime.model_from_checkpoint(ckpt, ckpt_path, dropout=0.0)
+    ckpt = checkpoint.load_checkpoint(ckpt_path, "train first (python train.py ...) or set --out_dir")
+    model = checkpoint.model_from_checkpoint(ckpt, ckpt_path, dropout=0.0)
     # ours carries its tokenizer; nanoGPT's is read with --meta, else its dataset's meta under
     # data/, else GPT-2's tokens, as nanoGPT's sample.py does; checked against its vocabulary
-    enc = tok.from_meta(runtime.checkpoint_meta(ckpt, ckpt_path, meta))
+    enc = tok.from_meta(checkpoint.checkpoint_meta(ckpt, ckpt_path, meta))
 model.eval().to(device)
 if compile:
     print("note: compile=True is accepted for nanoGPT's command lines; sampling runs eagerly", file=sys.stderr)

@@ -2,7 +2,9 @@
 Every setting of train.py, sample.py and interactions.py, as data: its default, what it means
 and the values it accepts. configurator.py takes the defaults from here, `--help` prints these tables, and
 check() refuses a value outside its range with one line, before anything is written.
-compare.py and the tests read the same tables. Defaults are nanoGPT's (GPT-2 124M on
+compare.py and the tests read the same tables. This is where a setting is documented: model.py's
+GPTConfig names its fields (MODEL_ONLY: the three train.py does not take) and the README's flag
+tables are markdown() of these (a test compares them). Defaults are nanoGPT's (GPT-2 124M on
 OpenWebText), under nanoGPT's names, so a nanoGPT config file runs unchanged.
 
 A range is written as it reads: '>= 1', '> 0', '[0, 1)' (0 included, 1 not), '-1 or >= 1';
@@ -10,6 +12,7 @@ A range is written as it reads: '>= 1', '> 0', '[0, 1)' (0 included, 1 not), '-1
 """
 
 import math
+import re
 from typing import NamedTuple
 
 from errors import UserError
@@ -55,19 +58,36 @@ TRAIN = {
         'n_embd': S(768, "embedding width", '>= 1'),
         'dropout': S(0.0, "dropout everywhere (0 for pretraining, 0.1+ for finetuning)", '[0, 1)'),
         'bias': S(False, "biases in Linear and LayerNorm layers (GPT-2 has them)"),
-        'attention': S('sa', "sa | linear | hfa_v1 | hfa_v2 | ha  (model.py)"),
-        'attn_layers': S('', "per-layer override, e.g. 'sa,sa,sa,ha'"),
-        'head_dim': S(0, "0: n_embd // n_head", '>= 0'),
-        'linear_norm': S(False, "linear: divide by the number of visible keys"),
-        'hfa_order': S(2, "HFA: number of score factors multiplied together", '>= 1'),
-        'n_hfa_head': S(-1, "-1: all heads HFA; else that many HFA heads, the rest SA", '-1 or >= 0'),
-        'hfa_kron': S('auto', "HFA through SDPA on Kronecker-lifted queries/keys: auto | on | off"),
-        'ha_order': S(3, "HA: n - 1 keys per score", '>= 2'),
-        'ha_share_kv': S(False, "HA with K2 = K1 and V2 = V1"),
-        'ha_window1': S(0, "HA: j1 in the last w1 positions (0: full causal)", '>= 0'),
-        'ha_window2': S(0, "HA: j2 in the last w2 positions (0: full causal)", '>= 0'),
-        'attn_window': S(0, "sliding window of sa, linear and hfa heads (0: full causal)", '>= 0'),
-        'kernel': S('auto', "auto | triton | torch: who computes linear, hfa, ha (attention_kernels/)"),
+    },
+    'attention': {
+        'attention': S('sa', "the block of every layer: sa, linear, hfa_v1, hfa_v2 or ha; anything else fails "
+                             "listing these"),
+        'attn_layers': S('', "the variant of each layer instead, e.g. 'sa,sa,sa,ha' (as Roy et al. 2025 put a "
+                             "2-simplicial layer every 4th)"),
+        'head_dim': S(0, "head width; 0: n_embd // n_head ([IA] also allows n_embd // (n_head * hfa_order) for "
+                         "HFA)", '>= 0'),
+        'linear_norm': S(False, "linear: divide by the number of visible keys, i + 1 or the window (our choice, for "
+                                "stability)"),
+        'hfa_order': S(2, "A, the number of score factors HFA multiplies together; with A = 1, hfa_v1 is exactly sa",
+                       '>= 1'),
+        'n_hfa_head': S(-1, "-1: every head HFA; else that many HFA heads, the rest SA, in one layer ([IA]'s 2 SA "
+                            "+ 2 HFA hybrid)", '-1 or >= 0'),
+        'hfa_kron': S('auto', "HFA through SDPA on row-wise Kronecker-lifted queries/keys of width dh^A: on, off, or "
+                              "auto (on while dh^A is small)"),
+        'ha_order': S(3, "n, HA's order: n - 1 keys per score; order 3 runs blockwise, order >= 4 on the "
+                         "materialising reference", '>= 2'),
+        'ha_share_kv': S(False, "HA with weight sharing, K2 = K1 and V2 = V1 ([IA] reports HA with and without)"),
+        'ha_window1': S(0, "windowed HA: j1 in the last w1 positions (0: full causal); with ha_window2, O(T w1 w2) "
+                           "(2-simplicial attention, Roy et al. 2025, arXiv 2507.02754)", '>= 0'),
+        'ha_window2': S(0, "windowed HA: j2 in the last w2 positions (0: full causal)", '>= 0'),
+        'attn_window': S(0, "sliding-window sa, linear and hfa heads: position i reads i - w < j <= i (0: full "
+                            "causal), so locality can be matched with windowed HA (Beltagy et al. 2020, Longformer)",
+                         '>= 0'),
+        'kernel': S('auto', "who computes linear, hfa_* and ha: 'triton' (fused kernels, no T x T tensor), 'torch' "
+                            "(PyTorch), 'auto' (Triton on CUDA when it imports, else PyTorch), 'reference' (every "
+                            "variant, sa included, on its materialised definition: small sizes, for checks). "
+                            "Attention-weight dropout, hfa_order > 4, softmax=False (HFA, linear HA), ha_order >= 4 "
+                            "and float64 always use PyTorch; sa is otherwise always SDPA"),
         'kernel_check': S(True, "check each Triton kernel's first use on CUDA against PyTorch; a mismatch prints "
                                 "one line and (auto) uses PyTorch there, (triton) stops"),
     },
@@ -88,7 +108,8 @@ TRAIN = {
     'DDP / FSDP (under torchrun)': {
         'parallel': S('ddp', "'ddp': every process holds the whole model, gradients and AdamW state; 'fsdp': "
                              "FSDP2, all three sharded over the processes (for models past one GPU's memory)"),
-        'backend': S('nccl', "on CPU gloo is used whatever this says"),
+        'ddp_backend': S('nccl', "torch.distributed's backend on CUDA (nanoGPT calls it `backend`); on CPU gloo "
+                                "is used whatever this says"),
         'ddp_timeout': S(600, "seconds a collective may wait for a dead peer", '>= 1'),
     },
     'system': {
@@ -129,19 +150,35 @@ SAMPLE = {
 }
 
 
+# model.GPTConfig's fields that train.py does not take: GPT-2's weights set gelu, the experiments the others
+MODEL_ONLY = {
+    '': {
+        'gelu': S('exact', "'tanh': the tanh approximation, as GPT-2's weights were trained with"),
+        'softmax': S(True, "False drops the softmax of every variant: sa heads become linear, hfa_* and ha their "
+                           "linear forms (the experiments)"),
+        'causal': S(True, "False only for the set-to-set experiments (windows need causal=True: with False they "
+                          "are refused)"),
+    },
+}
+
+
 INTERACTIONS = {
     '': {
         'out_dir': S('out', "the training run whose ckpt.pt to read; several (a,b,c or a glob: seeds of one "
                             "variant) to match heads across them and report what recurs", 'non-empty'),
         'meta': S('', "the tokenizer of a checkpoint that carries none (nanoGPT's): its dataset folder or "
-                      "meta.pkl; default: data/<its dataset>"),
+                      "meta.pkl, checked against its vocabulary as in sample.py; default: data/<its dataset>"),
         'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a "
                                  "Hugging Face GPT-2 folder"),
-        'layer': S(0, "which layer's heads to read (0: the first, read exactly in the token basis)", '>= 0'),
-        'positions': S('mean', "'mean': averaged over positions (after ln_1); 'none': no position embedding; or a "
-                               "position, e.g. '5'"),
-        'ln': S(True, "apply the layer's LayerNorm (ln_1) to the token vectors, as the layer does"),
-        'data_dir': S('', "prepared data whose train.bin gives token counts; default: data/<the checkpoint's dataset>"),
+        'layer': S(0, "which layer's heads to read; only the first is exact in the token basis (later ones: the "
+                      "embedding's direct path)", '>= 0'),
+        'positions': S('mean', "'mean': token vectors x(a) = mean_p LN(wte[a] + wpe[p]), so every coefficient is "
+                               "exactly the score averaged over independent query and key positions; 'none': no "
+                               "position embedding; or a position, e.g. '5'"),
+        'ln': S(True, "apply the layer's LayerNorm (ln_1) to the token vectors, as the layer does (False: the raw "
+                      "embedding, [IA]'s setting)"),
+        'data_dir': S('', "prepared data whose train.bin gives token counts (needed for GPT-2); default: data/<the "
+                          "checkpoint's dataset>"),
         'top_n': S(0, "read the top_n most frequent tokens; 0: all of them up to 256 (pairs), 96 (HA triples)"),
         'min_freq': S(3e-4, "leave out tokens rarer than this in the training data (their embeddings are barely "
                             "trained)", '[0, 1]'),
@@ -157,6 +194,16 @@ INTERACTIONS = {
 def flat(table):
     """{key: Setting} over every section."""
     return {k: s for section in table.values() for k, s in section.items()}
+
+
+def markdown(table):
+    """The table as the README shows it: a row per key with its default and meaning (and range)."""
+    rows = ['| flag | default | meaning |', '|---|---|---|']
+    for key, s in flat(table).items():
+        valid = f" ({s.valid})" if s.valid else ''
+        meaning = re.sub(r'([|]|<(?=\w))', r'\\\1', s.help + valid)  # escaped: | ends a cell, <x opens a tag
+        rows.append(f"| `{key}` | `{s.default!r}` | {meaning} |")
+    return '\n'.join(rows)
 
 
 def defaults(table):
@@ -189,3 +236,23 @@ def check(table, config):
         if not (math.isfinite(value) and _inside(value, s.valid)):
             rule = f"in {s.valid}" if s.valid[0] in '[(' else s.valid
             raise UserError(f"{key}={value!r} is out of range; {key} must be {rule} ({s.help})")
+
+
+def notes(config, device):
+    """Settings that are valid but likely not what was meant, each as a one-line note (train.py
+    prints them and runs on)."""
+    c, found = config, []
+    if c['kernel'] == 'triton' and not device.startswith('cuda'):
+        found.append(f"note: kernel='triton' on {device} runs Triton's interpreter, for testing the kernels: expect "
+                     f"it hundreds of times slower than kernel='torch'")
+    if c['eval_only'] or not c['decay_lr']:
+        return found
+    if c['max_iters'] < c['warmup_iters']:
+        found.append(f"note: max_iters={c['max_iters']} is below warmup_iters={c['warmup_iters']}: the run ends while "
+                     f"the learning rate still warms up (it never reaches learning_rate={c['learning_rate']:g}); lower "
+                     f"--warmup_iters")
+    if c['lr_decay_iters'] != c['max_iters']:
+        found.append(f"note: lr_decay_iters={c['lr_decay_iters']} differs from max_iters={c['max_iters']}: the cosine "
+                     f"reaches min_lr={c['min_lr']:g} at iteration {c['lr_decay_iters']}, not at the end of the run "
+                     f"(nanoGPT sets them equal)")
+    return found

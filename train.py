@@ -13,7 +13,8 @@ Face folder) starts from GPT-2's weights, as nanoGPT's finetune and eval configs
 init_from=path/to/ckpt.pt from a checkpoint's (ours or nanoGPT's). Every evaluation appends
 one JSON line to out_dir/log.jsonl; out_dir/ckpt.pt holds everything needed to resume
 exactly (model, optimizer, iteration, RNG and data-sampling state), written atomically so a
-crash mid-save leaves the previous checkpoint intact. An out_dir belongs to one run (rundir.py).
+crash mid-save leaves the previous checkpoint intact (checkpoint.py). An out_dir belongs to
+one run (run_folder.py).
 SIGTERM/SIGINT finish the current step (or abandon an evaluation), save and exit; a NaN/inf
 loss or gradient stops the run (or, with skip_nonfinite=True, skips that step) without
 touching the last good checkpoint.
@@ -23,7 +24,6 @@ import time
 
 T_START = time.time()  # elapsed_s counts from here: the run's wall time, startup included
 
-import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -34,17 +34,16 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,  # noqa: E402
-                                                     get_optimizer_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+import checkpoint  # noqa: E402
 import configurator  # noqa: E402
 import data  # noqa: E402
+import devices  # noqa: E402
 import hardware  # noqa: E402
-import rundir  # noqa: E402
-import runtime  # noqa: E402
+import run_folder  # noqa: E402
 import settings  # noqa: E402
 from errors import UserError  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -58,7 +57,7 @@ config, applied = configurator.parse(defaults, sys.argv[1:], HELP)
 ckpt_path = Path(config['out_dir']) / 'ckpt.pt'
 ckpt, saved_config = None, {}
 if config['init_from'] == 'resume':  # the checkpoint's config is the default for every key it holds
-    ckpt = runtime.load_checkpoint(ckpt_path, "nothing to resume; train with init_from='scratch' first")
+    ckpt = checkpoint.load_checkpoint(ckpt_path, "nothing to resume; train with init_from='scratch' first")
     saved_config = {k: v for k, v in ckpt.get('config', {}).items() if k in defaults and k not in ('init_from', 'out_dir')}
     config, applied = configurator.parse({**defaults, **saved_config}, sys.argv[1:], HELP)
 settings.check(settings.TRAIN, config)
@@ -87,12 +86,12 @@ if master_env:
         print(f"Changed from the checkpoint's config: {', '.join(changed)}")
 # -----------------------------------------------------------------------------
 
-start_kind = runtime.init_kind(init_from, ('scratch', 'resume', 'gpt2', 'file'))
+start_kind = checkpoint.init_kind(init_from, ('scratch', 'resume', 'gpt2', 'file'))
 if start_kind == 'gpt2' and (attention != 'sa' or attn_layers):
     raise UserError(f"init_from={init_from!r} loads GPT-2's softmax attention weights; attention must be 'sa' "
                     f"(got attention={attention!r}{f', attn_layers={attn_layers!r}' * bool(attn_layers)})")
-runtime.check_dtype(dtype)
-device = runtime.pick_device(device)
+devices.check_dtype(dtype)
+device = devices.pick_device(device)
 if wandb_log and master_env:
     try:
         import wandb  # only when asked for: the package is optional at run time
@@ -122,22 +121,15 @@ master = rank == 0
 accum = gradient_accumulation_steps // world_size  # micro-steps per process
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 device_type = 'cuda' if device.startswith('cuda') else device
-dtype, ctx = runtime.pick_dtype(dtype, device)
+dtype, ctx = devices.pick_dtype(dtype, device)
 if fsdp and dtype == 'float16':  # float16 needs the grad scaler on sharded gradients: not supported here
     raise UserError("dtype='float16' is not supported with parallel='fsdp'; use bfloat16 (the default on CUDA) or float32")
 torch.manual_seed(seed + rank)  # model init is broadcast by DDP; the offset decorrelates dropout
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-if master and kernel == 'triton' and device_type != 'cuda':
-    print(f"note: kernel='triton' on {device} runs Triton's interpreter, for testing the kernels: expect it "
-          f"hundreds of times slower than kernel='torch'")
-if master and not eval_only:
-    if decay_lr and max_iters < warmup_iters:
-        print(f"note: max_iters={max_iters} is below warmup_iters={warmup_iters}: the run ends while the learning "
-              f"rate still warms up (it never reaches learning_rate={learning_rate:g}); lower --warmup_iters")
-    if decay_lr and lr_decay_iters != max_iters:
-        print(f"note: lr_decay_iters={lr_decay_iters} differs from max_iters={max_iters}: the cosine reaches "
-              f"min_lr={min_lr:g} at iteration {lr_decay_iters}, not at the end of the run (nanoGPT sets them equal)")
+if master:
+    for note in settings.notes(config, device):
+        print(note)
 
 # -----------------------------------------------------------------------------
 # data: random training windows from a generator shared by all processes, so the data
@@ -166,6 +158,12 @@ def fixed_offsets(split_data):
     return torch.randint(len(split_data) - block_size, (eval_iters * batch_size,), generator=g)
 
 
+def next_batches():
+    """The data-sampling state before this draw (what a checkpoint saves) and the next
+    iteration's micro-batch offsets: drawn one iteration ahead, for the prefetch."""
+    return data_gen.get_state(), iteration_batches()
+
+
 eval_sets = {'train': (train_data, fixed_offsets(train_data)), 'val': (val_data, fixed_offsets(val_data))}
 
 
@@ -178,64 +176,27 @@ def to_device(x, y):
 # -----------------------------------------------------------------------------
 # the model: from scratch, the checkpoint to resume, GPT-2's weights or a checkpoint's weights
 
-# ckpt.pt holds the optimizer as optimizer.state_dict() does, state keyed by the parameter's
-# position in the groups; torch.distributed.checkpoint keys it by parameter name. Under FSDP
-# the two are converted, so one checkpoint serves DDP, FSDP, one process and sample.py.
-def optimizer_state_by_name(state, model, optimizer):
-    names = {id(p): n for n, p in model.named_parameters()}
-    order = [names[id(p)] for g in optimizer.param_groups for p in g['params']]
-    groups, i = [], 0
-    for g in state['param_groups']:
-        groups.append({**g, 'params': order[i:i + len(g['params'])]})
-        i += len(g['params'])
-    return {'state': {order[k]: v for k, v in state['state'].items()}, 'param_groups': groups}
-
-
-def optimizer_state_by_position(state):
-    order = [n for g in state['param_groups'] for n in g['params']]
-    groups, i = [], 0
-    for g in state['param_groups']:
-        groups.append({**g, 'params': list(range(i, i + len(g['params'])))})
-        i += len(g['params'])
-    return {'state': {order.index(n): v for n, v in state['state'].items()}, 'param_groups': groups}
-
-
-meta_for_ckpt = {k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta}
-if isinstance(meta_for_ckpt.get('itos'), dict):  # nanoGPT meta.pkl stores {int: str}
-    meta_for_ckpt['itos'] = [meta_for_ckpt['itos'][i] for i in range(len(meta_for_ckpt['itos']))]
+meta_for_ckpt = data.tokenizer_record(meta)
 model_args = {k: config[k] for k in config if k in GPTConfig.__dataclass_fields__}
 model_args['vocab_size'] = data.model_vocab_size(meta)
 iter_num, best_val_loss, weights = 0, 1e9, None
 if start_kind == 'file':  # another run's weights (ours or nanoGPT's): a new run starts from them
     ckpt_from = Path(init_from)
-    weights = runtime.load_checkpoint(ckpt_from)
+    weights = checkpoint.load_checkpoint(ckpt_from)
     refuse_architecture_changes(f"the checkpoint {ckpt_from}", weights['model_args'])
 else:
     ckpt_from = ckpt_path
     weights = ckpt
 if weights is not None:
-    ckpt_tok = weights.get('tokenizer', {})  # nanoGPT's checkpoints do not say: the size is checked
-    other_chars = 'itos' in ckpt_tok and ckpt_tok['itos'] != meta_for_ckpt.get('itos')  # same size, other characters
-    if ckpt_tok.get('tokenizer', meta.get('tokenizer')) != meta.get('tokenizer') or \
-            weights['model_args']['vocab_size'] < meta['vocab_size'] or other_chars:
-        raise UserError(f"checkpoint {ckpt_from} was trained with tokenizer {ckpt_tok.get('tokenizer')!r} "
-                        f"(vocab {weights['model_args']['vocab_size']}) but {data_path} uses {meta.get('tokenizer')!r} "
-                        f"(vocab {meta['vocab_size']}{', other characters' * (weights['model_args']['vocab_size'] == meta['vocab_size'])}); "
-                        f"use the dataset the checkpoint was trained on")
+    data.check_tokens_fit(weights, ckpt_from, meta, data_path)
     model_args = {**weights['model_args'], 'dropout': dropout, 'hfa_kron': hfa_kron, 'kernel': kernel,
                   'kernel_check': kernel_check}
     model_args = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
 if ckpt is not None:
     iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
 elif start_kind == 'gpt2':  # GPT-2 weights (nanoGPT's finetune and eval configs)
-    if meta.get('tokenizer') != 'gpt2':
-        corpus = data_path.name.removesuffix('_char')  # the embedded corpora: <corpus>_char and <corpus> (GPT-2)
-        fix = (f"python prepare_shakespeare.py --only=gpt2{f' --corpus={corpus}' * (corpus != 'shakespeare')} "
-               f"and train with --dataset={corpus}" if data_path.name.endswith('_char') and corpus in data.GUTENBERG
-               else f"python prepare_openwebtext.py --source=... --tokenizer=gpt2 --name={data_path.name}_gpt2")
-        raise UserError(f"init_from={init_from!r} needs GPT-2 tokens, but {data_path} was prepared with the "
-                        f"{meta.get('tokenizer')!r} tokenizer; prepare GPT-2 tokens: {fix}")
-    weights = runtime.load_gpt2(init_from, dropout)
+    data.check_gpt2_tokens(init_from, meta, data_path)
+    weights = checkpoint.load_gpt2(init_from, dropout)
     refuse_architecture_changes(f"the GPT-2 weights {init_from!r}", asdict(weights.config))
     model_args = asdict(weights.config)
 try:
@@ -245,12 +206,7 @@ except ValueError as e:
 if block_size > gptconf.block_size:
     raise UserError(f"block_size={block_size} exceeds the model's {gptconf.block_size} "
                     f"({'the checkpoint' if weights is not None else init_from}); lower block_size")
-if ckpt is not None and not eval_only and (max_iters < ckpt['iter_num'] or
-                                           max_iters == ckpt['iter_num'] and ckpt.get('evaluated', True)):
-    if max_iters < ckpt['iter_num']:
-        raise UserError(f"the checkpoint {ckpt_path} is at iteration {ckpt['iter_num']}, past max_iters={max_iters}: "
-                        f"nothing to train, and nothing was changed; give a larger --max_iters to continue the run, "
-                        f"or --eval_only=True to evaluate it")
+if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, max_iters):
     if master_env:
         print(f"the run in {out_dir} is finished (iteration {ckpt['iter_num']} = max_iters, evaluated); nothing "
               f"to do, nothing changed: give a larger --max_iters to train on")
@@ -258,9 +214,10 @@ if ckpt is not None and not eval_only and (max_iters < ckpt['iter_num'] or
 
 # everything the user gave has been checked: only now does the run take out_dir and write
 out = Path(out_dir)
-lock = rundir.claim(out_dir, fresh=ckpt is None, overwrite=overwrite) if master and not eval_only else None
-if ddp:
-    dist.init_process_group(backend=backend if device_type == 'cuda' else 'gloo', timeout=timedelta(seconds=ddp_timeout))
+lock = run_folder.claim(out_dir, fresh=ckpt is None, overwrite=overwrite) if master and not eval_only else None
+if ddp:  # ddp_backend: nanoGPT's `backend`; gloo on CPU, where NCCL does not run
+    dist.init_process_group(backend=ddp_backend if device_type == 'cuda' else 'gloo',
+                            timeout=timedelta(seconds=ddp_timeout))
 if master:
     print(f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} x {batch_size} x "
           f"{block_size}, {world_size} process{'es' * (world_size > 1)}{', FSDP' * fsdp}), device {device}, {dtype}"
@@ -290,26 +247,11 @@ if fsdp:
     fully_shard(model, mp_policy=mp_policy)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if ckpt is not None:
-    if fsdp:  # the full state in ckpt.pt, each process keeping its own shard of it
-        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                                 optim_state_dict=optimizer_state_by_name(ckpt['optimizer'], model, optimizer))
-    else:
-        optimizer.load_state_dict(ckpt['optimizer'])
-    if 'rng' not in ckpt:  # nanoGPT's: the weights, the optimizer and the iteration continue, not its data order
-        data_gen.manual_seed(seed + 1000003 * iter_num)
-        if master:
-            print("a nanoGPT checkpoint: model, optimizer and iteration continue; it holds no data order or RNG "
-                  "state, so batches are drawn afresh (not bit-identical to an uninterrupted run)")
-    else:
-        data_gen.set_state(ckpt['rng']['data'])
-    ranks_rng = ckpt.get('rng', {}).get('ranks') or []  # each process's own dropout RNG state
-    own_rng = ranks_rng[rank] if len(ranks_rng) == world_size else ckpt.get('rng') if rank == 0 else None
-    if own_rng is None:  # saved with another number of processes: a fresh stream, not a copy of rank 0's
-        torch.manual_seed(seed + rank + 1000003 * iter_num)
-    else:
-        torch.set_rng_state(own_rng['torch'])
-        if device_type == 'cuda' and own_rng.get('cuda') is not None:
-            torch.cuda.set_rng_state(own_rng['cuda'], device)
+    checkpoint.load_optimizer(optimizer, model, ckpt['optimizer'], fsdp)
+    checkpoint.restore_rng(ckpt, data_gen, seed, rank, world_size, device)
+    if 'rng' not in ckpt and master:  # nanoGPT's: the weights, the optimizer and the iteration continue
+        print("a nanoGPT checkpoint: model, optimizer and iteration continue; it holds no data order or RNG "
+              "state, so batches are drawn afresh (not bit-identical to an uninterrupted run)")
 del weights
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 n_params = model.get_num_params()
@@ -349,21 +291,53 @@ if master:
 
 
 # -----------------------------------------------------------------------------
-# evaluation, the schedule, checkpoints and logs
+# the run's logs (out_dir/log.jsonl, train_log.jsonl, run.json; wandb) and its counters,
+# continued from the checkpoint on resume
+wandb_run_id = ckpt.get('wandb_run_id') if ckpt else None
+if not (wandb_log and master):
+    wandb = None
+else:  # imported above; the run id in the checkpoint continues the same wandb run on resume
+    wandb_run_id = wandb.init(project=wandb_project, name=wandb_run_name, config=config,
+                              id=wandb_run_id, resume='allow').id
 
-# SIGTERM / SIGINT: finish the step (or abandon an evaluation), save, exit; a second SIGINT
-# interrupts at once
-stop_signal = None
+elapsed_before = ckpt.get('elapsed_s', 0.0) if ckpt else 0.0
+train_time = ckpt.get('train_time_s', 0.0) if ckpt else 0.0  # seconds of timed steps, over all sessions
+untimed_iters = ckpt.get('untimed_iters', 0) if ckpt else 0  # each session's first step: not in train_time
+skipped_steps = ckpt.get('skipped_steps', 0) if ckpt else 0
+elapsed = lambda: elapsed_before + time.time() - T_START
+start_iter = iter_num
+saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint this run wrote or resumed
+evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: skip a repeat of that eval
+if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
+    run_folder.start_logs(out, {'config': config, 'model_args': asdict(gptconf), 'params': n_params,
+                                'flops_per_token': flops_per_token, 'world_size': world_size, 'peak_flops': peak,
+                                'peak_flops_source': peak_source},
+                          resumed_at=iter_num if ckpt is not None else None, evaluated=evaluated_at_start)
+    if ckpt is not None:
+        print(f"resuming from {ckpt_path} at iteration {iter_num}")
+del ckpt
+
+# -----------------------------------------------------------------------------
+# the training loop's state, and what the loop calls: host reads, evaluation, the schedule,
+# MFU, checkpoints
+stop_signal = None      # SIGTERM/SIGINT: finish the step (or abandon an evaluation), save, exit
+unread = None           # the last step, while its numbers are still on their way to the host
+stop_agreed = False     # some process got SIGTERM/SIGINT (DDP: read from the per-step all-reduce)
+log_steps, log_time = 0, 0.0  # timed steps and their seconds since the last log line
+eval_s = 0.0            # the last evaluation's seconds (for the ETA)
+last = {}               # the last evaluation's log record
+mfu_clamped = False     # the note on a clamped MFU is printed once
+acc_dtype = torch.float32 if device_type == 'mps' else torch.float64  # MPS has no float64
+data_state, batches = next_batches()  # the first iteration's batches
+X, Y = to_device(*data.windows(train_data, batches[0], block_size))
 
 
 def on_signal(signum, frame):
+    """A second SIGINT interrupts at once."""
     global stop_signal
     if stop_signal is not None and signum == signal.SIGINT:
         raise KeyboardInterrupt
     stop_signal = signum
-
-
-acc_dtype = torch.float32 if device_type == 'mps' else torch.float64  # MPS has no float64
 
 
 @torch.no_grad()
@@ -386,7 +360,7 @@ def estimate_loss(sets=None):
                 stopping = stop_read is not None and stop_read()[0] > 0
                 stop_flag.fill_(float(stop_signal is not None))
                 dist.all_reduce(stop_flag)
-                stop_read = to_host(stop_flag.view(1))
+                stop_read = devices.to_host(stop_flag.view(1))
             else:
                 stopping = stop_signal is not None
             if stopping:
@@ -424,133 +398,6 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def write_failed(e, what):
-    """A full disk (or another write error) while writing `what`: one line, the last checkpoint named."""
-    kept = (f"the last good checkpoint {ckpt_path} (iteration {saved_iter}) is untouched; free some space and "
-            f"continue with --init_from=resume" if saved_iter is not None else
-            "no checkpoint of this run had been saved yet; free some space and start again")
-    # torch's zip writer reports a failed write as its own RuntimeError ("unexpected pos ...");
-    # the OSError behind it (ENOSPC on a full disk) is what the user needs to read
-    cause = next((c for c in (e, e.__context__, e.__cause__) if isinstance(c, OSError)), None)
-    reason = getattr(cause, 'strerror', None) or str(cause or e)  # ENOSPC: "No space left on device"
-    return UserError(f"could not write {what} ({reason}); {kept}")
-
-
-def save_checkpoint():
-    """Called by every process (DDP gathers each one's RNG state); rank 0 writes to a temporary
-    file, flushes it to disk, then renames it: never a half-written ckpt.pt, and a failed
-    write (a full disk) removes the temporary file and leaves the last checkpoint as it was."""
-    own_rng = {'torch': torch.get_rng_state(),
-               'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None}
-    ranks_rng = [own_rng]
-    if ddp:
-        ranks_rng = [None] * world_size
-        dist.all_gather_object(ranks_rng, own_rng)
-    if fsdp:  # every process sends its shards; rank 0 gets the full tensors, in host memory
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = get_model_state_dict(raw_model, options=options)
-        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
-        if master:
-            optimizer_state = optimizer_state_by_position(optimizer_state)
-    else:
-        model_state, optimizer_state = raw_model.state_dict(), optimizer.state_dict()
-    if not master:
-        return
-    state = {
-        'model': model_state, 'optimizer': optimizer_state,
-        'model_args': asdict(gptconf), 'config': config, 'iter_num': iter_num,
-        'best_val_loss': best_val_loss, 'tokenizer': meta_for_ckpt, 'dataset': dataset,
-        'rng': {**own_rng, 'data': data_state, 'ranks': ranks_rng},  # data_state: before the prefetch's draw
-        'elapsed_s': elapsed(), 'train_time_s': train_time, 'untimed_iters': untimed_iters,
-        'skipped_steps': skipped_steps,
-        'evaluated': last.get('iter') == iter_num,  # False when a signal stopped the run before this eval
-        'wandb_run_id': wandb_run_id,  # a resumed run logs on into the same wandb run
-    }
-    tmp = out / 'ckpt.pt.tmp'
-    try:
-        with open(tmp, 'wb') as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, ckpt_path)
-    except (OSError, RuntimeError) as e:  # RuntimeError: torch's zip writer, after the failed write
-        if not isinstance(e, OSError) and not isinstance(e.__context__, OSError) and 'inline_container' not in str(e):
-            raise
-        tmp.unlink(missing_ok=True)
-        raise write_failed(e, f"the checkpoint of iteration {iter_num} to {tmp}")
-    try:  # make the rename itself durable
-        dir_fd = os.open(out, os.O_RDONLY)
-        os.fsync(dir_fd)
-        os.close(dir_fd)
-    except OSError:
-        pass
-    if keep_last > 0:
-        kept = out / f'ckpt_{iter_num:07d}.pt'
-        os.link(ckpt_path, kept) if not kept.exists() else None
-        for old in sorted(out.glob('ckpt_*.pt'))[:-keep_last]:
-            old.unlink()
-    print(f"checkpoint saved to {ckpt_path} (iteration {iter_num})")
-
-
-def append_jsonl(path, record):
-    try:
-        with open(path, 'a') as f:
-            f.write(json.dumps(record) + '\n')
-    except OSError as e:
-        raise write_failed(e, path)
-
-
-def trim_jsonl(path, keep):
-    """On resume, drop log lines written after the checkpoint (they will be redone)."""
-    if path.exists():
-        lines = [l for l in path.read_text().splitlines() if l.strip() and keep(json.loads(l))]
-        path.write_text(''.join(l + '\n' for l in lines))
-
-
-wandb_run_id = ckpt.get('wandb_run_id') if ckpt else None
-if not (wandb_log and master):
-    wandb = None
-else:  # imported above; the run id in the checkpoint continues the same wandb run on resume
-    wandb_run_id = wandb.init(project=wandb_project, name=wandb_run_name, config=config,
-                              id=wandb_run_id, resume='allow').id
-
-
-def wandb_record(rec):
-    """An evaluation under nanoGPT's wandb keys (iter, train/loss, val/loss, lr, mfu in percent),
-    with val/ppl, tokens and tokens_per_s beside them."""
-    keys = {'iter': 'iter', 'train_loss': 'train/loss', 'val_loss': 'val/loss', 'val_ppl': 'val/ppl',
-            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s'}
-    logged = {name: rec[k] for k, name in keys.items() if rec.get(k) is not None}
-    if rec.get('mfu') is not None:
-        logged['mfu'] = 100 * rec['mfu']
-    return logged
-
-
-elapsed_before = ckpt.get('elapsed_s', 0.0) if ckpt else 0.0
-train_time = ckpt.get('train_time_s', 0.0) if ckpt else 0.0  # seconds of timed steps, over all sessions
-untimed_iters = ckpt.get('untimed_iters', 0) if ckpt else 0  # each session's first step: not in train_time
-skipped_steps = ckpt.get('skipped_steps', 0) if ckpt else 0
-elapsed = lambda: elapsed_before + time.time() - T_START
-start_iter = iter_num
-saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint this run wrote or resumed
-evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: skip a repeat of that eval
-if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
-    try:
-        if ckpt is not None:
-            trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] < iter_num + evaluated_at_start)
-            trim_jsonl(out / 'train_log.jsonl', lambda r: r['iter'] < iter_num)
-            print(f"resuming from {ckpt_path} at iteration {iter_num}")
-        else:
-            for name in ('log.jsonl', 'train_log.jsonl'):
-                (out / name).unlink(missing_ok=True)
-        (out / 'run.json').write_text(json.dumps({
-            'config': config, 'model_args': asdict(gptconf), 'params': n_params, 'flops_per_token': flops_per_token,
-            'world_size': world_size, 'peak_flops': peak, 'peak_flops_source': peak_source}, indent=1))
-    except OSError as e:
-        raise write_failed(e, f"the logs in {out}")
-del ckpt
-
-
 def mfu(tokens_per_s):
     """Model FLOPs utilisation, never above 100%. Past it, a measured peak was measured under a
     heavier load than now: it is measured again (and cached); a given or tabled one is clamped."""
@@ -569,31 +416,6 @@ def mfu(tokens_per_s):
     return value
 
 
-mfu_clamped = False  # the note on a clamped MFU is printed once
-
-
-def sync():
-    if device_type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
-def to_host(t):
-    """Start copying a small device tensor to the host; returns a function that waits for
-    the copy (only for it, not for later work) and gives the values as a list."""
-    if device_type != 'cuda':
-        return t.tolist
-    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return lambda: copied.synchronize() or buf.tolist()
-
-
-def next_batches():
-    """The data-sampling state before this draw (what a checkpoint saves) and the next
-    iteration's micro-batch offsets: drawn one iteration ahead, for the prefetch."""
-    return data_gen.get_state(), iteration_batches()
-
-
 def read_step(step):
     """Read a step's [loss, non-finite, stop] (waiting for the device if needed), write its
     train_log.jsonl line and act on its flags. Returns (loss, whether any process stops)."""
@@ -605,8 +427,8 @@ def read_step(step):
         raise UserError(f"non-finite loss or gradient at iteration {step['iter']} (loss {loss}); {kept}; "
                         f"lower learning_rate, or set skip_nonfinite=True to skip such steps")
     if master:
-        append_jsonl(out / 'train_log.jsonl', {'iter': step['iter'], 'loss': loss, 'lr': step['lr'],
-                                               'dt_s': round(step['dt'], 4)})
+        run_folder.append_jsonl(out / 'train_log.jsonl', {'iter': step['iter'], 'loss': loss, 'lr': step['lr'],
+                                                          'dt_s': round(step['dt'], 4)}, saved_iter)
     return loss, stop > 0
 
 
@@ -622,6 +444,25 @@ def eta(step_s):
     return (max_iters - iter_num) * step_s + evals_left * eval_s
 
 
+def save_checkpoint():
+    """Every process calls it (DDP gathers each one's RNG state, FSDP the shards); rank 0 writes
+    ckpt.pt atomically (checkpoint.py): all a resumed run needs to continue exactly."""
+    model_state, optimizer_state, rng = checkpoint.gather(raw_model, optimizer, device, ddp, fsdp, master)
+    if not master:
+        return
+    checkpoint.save_checkpoint({
+        'model': model_state, 'optimizer': optimizer_state,
+        'model_args': asdict(gptconf), 'config': config, 'iter_num': iter_num,
+        'best_val_loss': best_val_loss, 'tokenizer': meta_for_ckpt, 'dataset': dataset,
+        'rng': {**rng, 'data': data_state},  # data_state: before the prefetch's draw
+        'elapsed_s': elapsed(), 'train_time_s': train_time, 'untimed_iters': untimed_iters,
+        'skipped_steps': skipped_steps,
+        'evaluated': last.get('iter') == iter_num,  # False when a signal stopped the run before this eval
+        'wandb_run_id': wandb_run_id,  # a resumed run logs on into the same wandb run
+    }, out, keep_last, saved_iter)
+    print(f"checkpoint saved to {ckpt_path} (iteration {iter_num})")
+
+
 # -----------------------------------------------------------------------------
 # training loop
 #
@@ -634,13 +475,6 @@ def eta(step_s):
 # step later, and never after a save. On CPU every step is read at once (it costs nothing).
 signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
-unread = None           # the last step, while its numbers are still on their way to the host
-stop_agreed = False     # some process got SIGTERM/SIGINT (DDP: read from the per-step all-reduce)
-log_steps, log_time = 0, 0.0  # timed steps and their seconds since the last log line
-eval_s = 0.0            # the last evaluation's seconds (for the ETA)
-last = {}
-data_state, batches = next_batches()
-X, Y = to_device(*data.windows(train_data, batches[0], block_size))
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
@@ -672,9 +506,9 @@ while True:
                       f"val ppl {last['val_ppl']:.2f}" + (f", report loss {last['report_loss']:.4f} "
                                                           f"({last['report_tokens']:,} tokens)" if 'report_loss' in last else ''))
                 if not eval_only:
-                    append_jsonl(out / 'log.jsonl', last)
+                    run_folder.append_jsonl(out / 'log.jsonl', last, saved_iter)
                 if wandb:
-                    wandb.log(wandb_record(last))
+                    wandb.log(run_folder.wandb_record(last))
             if losses['val'] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses['val'])
                 if iter_num > start_iter:
@@ -719,7 +553,7 @@ while True:
     stats[2] = float(stop_signal is not None)
     if ddp:  # the loss summed over all processes, and one decision for all of them
         dist.all_reduce(stats)
-    step = {'iter': iter_num, 'lr': lr, 'stats': to_host(stats)}
+    step = {'iter': iter_num, 'lr': lr, 'stats': devices.to_host(stats)}
     if skip_nonfinite and dtype != 'float16' and stats[1].item():  # skip_nonfinite: a sync per step
         skipped_steps += 1
         if master:
@@ -737,7 +571,7 @@ while True:
     stop = stop_agreed or not ddp and stop_signal is not None
     read_now = device_type == 'cpu' or first or log_now or stop or iter_num % eval_interval == 0 or iter_num >= max_iters
     if read_now:
-        sync()
+        devices.synchronize(device)
     step['dt'] = time.time() - t0
     if read_now:
         loss, stopped = read_step(step)

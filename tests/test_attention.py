@@ -5,8 +5,8 @@ straight from the formulas: explicit Python loops over batch, heads, query posit
 and key positions / key tuples, explicit visibility masks, and the layer's own weights
 sliced out of c_attn / c_proj. Outputs and gradients (w.r.t. the input and every
 weight) must agree in float64. Then: causality through the whole GPT, identities
-between variants, closed-form parameter counts, config errors, KV-cache decoding and a
-short training run per variant.
+between variants, closed-form parameter counts, config errors, KV-cache decoding and
+sampling, and a short training run per variant.
 
 Weight layout assumed (and thereby tested): a head group's c_attn output is
 (stream, head, dh)-major, streams ordered queries, keys, values:
@@ -354,6 +354,22 @@ def test_kv_cache_decoding_matches_full_forward(name):
     for t in range(4, 9):
         steps.append(model(idx[:, t:t + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, 1), base[:, [3, 4, 5, 6, 7, 8]], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('name', ['sa', 'sa_window', 'linear_norm_window', 'hfa_v1', 'hfa_v2_A3', 'hfa_v2_mixed',
+                                  'hfa_v1_window', 'ha', 'ha_windows', 'ha_nosoftmax', 'ha4_windows', 'sa,ha'])
+def test_generate_with_cache_samples_the_same_tokens(name):
+    """generate keeps the cache while the sequence fits: the same seed samples the same tokens
+    with and without it, also past block_size (16), where the context is cropped."""
+    cfg = GPTConfig(**{**BASE, 'attn_layers': name}) if ',' in name else config(name)
+    model = randomise(GPT(cfg).to(DT), seed=2, scale=0.3).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (2, 3), generator=torch.Generator().manual_seed(3))
+    out = {}
+    for use_cache in (True, False):
+        torch.manual_seed(5)
+        out[use_cache] = model.generate(prompt, 16, temperature=1.0, top_k=8, use_cache=use_cache)
+    assert out[True].shape == (2, 19)
+    assert torch.equal(out[True], out[False])
 
 
 # -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The GPU configs: each header states its budget as computed from the model itself
-(tools/budgets.py), every one compiles, and every budget fits a day on one 8-GPU node at the
+(tools/budgets.py), every one turns torch.compile on (whether the models compile:
+tests/test_kernels_compile.py), and every budget fits a day on one 8-GPU node at the
 stated MFU, except the one labelled LONG (nanoGPT's full recipe)."""
 
 import re
@@ -30,7 +31,7 @@ def test_header_states_the_computed_budget(path):
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)
-def test_gpu_config_compiles(path):
+def test_gpu_config_turns_compile_on(path):
     assert grid.resolve(str(path), [], {})['compile'] is True
 
 

@@ -118,7 +118,6 @@ def test_no_setting_is_remembered():
     GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11, kernel='torch'))
     after = {k: v for k, v in vars(attention_kernels).items() if not k.startswith('__')}
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
-    assert not hasattr(attention_kernels, '_policy')
 
 
 def test_kernel_check_is_a_documented_setting():

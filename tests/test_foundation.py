@@ -175,6 +175,16 @@ def test_config_errors(argv, message):
         configurator.load(DEFAULTS, argv)
 
 
+def test_nanogpt_backend_setting_is_refused_naming_ddp_backend(tmp_path):
+    """nanoGPT's `backend` (torch.distributed's, for DDP) is ddp_backend here: a command line or
+    a config file that sets `backend` gets one line naming ddp_backend, not a silent default."""
+    f = tmp_path / 'ddp.py'
+    f.write_text("backend = 'gloo'\n")
+    for argv in (['--backend=gloo'], [str(f)]):
+        with pytest.raises(UserError, match=r"^unknown config key 'backend'; did you mean ddp_backend\?$"):
+            configurator.parse(settings.defaults(settings.TRAIN), argv)
+
+
 # -- model ----------------------------------------------------------------------------
 
 def tiny_model(**kw):

@@ -6,10 +6,12 @@ so a top-level module or package of ours with the name of an installed distribut
 module hides that module from every library that imports it. transformers imports Hugging
 Face's `kernels` package at start; when our kernel package was called `kernels`, every
 GPT-2 path broke. The test below lists our top-level names against those of every
-installed distribution, so the next clash fails here, naming both sides.
+installed distribution and of the standard library, so the next clash fails here, naming
+both sides.
 """
 import importlib.metadata
 import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -30,8 +32,9 @@ def top_level_names(root):
 
 
 def clashes(root):
-    """{our name: [installed distributions that also provide it]}."""
-    provided = importlib.metadata.packages_distributions()
+    """{our name: [installed distributions, or the standard library, that also provide it]}."""
+    provided = {**importlib.metadata.packages_distributions(),
+                **{name: ['the standard library'] for name in sys.stdlib_module_names}}
     return {name: sorted(set(provided[name])) for name in sorted(top_level_names(root)) if name in provided}
 
 
@@ -45,17 +48,15 @@ def test_no_top_level_name_of_ours_shadows_an_installed_package():
     assert not found, describe(found) + ': rename ours (imports of the installed package would find ours first)'
 
 
-def test_clash_check_finds_a_folder_named_like_an_installed_package(tmp_path):
-    # the check itself can fail: a folder named like an installed module (numpy here,
-    # which every environment of ours has) is reported with the distribution behind it
+def test_clash_check_finds_installed_and_standard_library_names(tmp_path):
+    # the check itself can fail: a folder named like an installed module (numpy here, which
+    # every environment of ours has) and a file named like a standard-library module are
+    # reported with what they hide; a name of ours alone is not
     (tmp_path / 'numpy').mkdir()
     (tmp_path / 'numpy' / '__init__.py').write_text('')
+    (tmp_path / 'random.py').write_text('')
     (tmp_path / 'model.py').write_text('')
     found = clashes(tmp_path)
-    assert list(found) == ['numpy'] and 'numpy' in found['numpy']
+    assert list(found) == ['numpy', 'random'] and 'numpy' in found['numpy']
+    assert found['random'] == ['the standard library']
     assert "our top-level 'numpy'" in describe(found)
-
-
-def test_our_kernel_package_is_the_one_imported():
-    import attention_kernels
-    assert pathlib.Path(attention_kernels.__file__).resolve().parent == ROOT / 'attention_kernels'

@@ -1,5 +1,6 @@
 """
-The PyTorch kernels against their definitions (float64, tiny sizes), and the KV cache.
+The PyTorch kernels against their definitions (float64, tiny sizes). (The KV cache:
+tests/test_attention.py.)
 
 - the PyTorch HA kernels (blockwise, online softmax, recomputing backward; prefix sums without
   softmax) == ha/naive.py (every tuple materialised): outputs and gradients of
@@ -7,7 +8,6 @@ The PyTorch kernels against their definitions (float64, tiny sizes), and the KV 
 - HFA: the Kronecker-lift SDPA path == explicit scores == the definition; 'auto' picks by width.
 - SA: every form of SDPA the entry picks == the definition.
 - the model with kernel='reference' (every family's definition) == the model's own paths.
-- GPT.generate(use_cache=True) == recomputation, logits and sampled tokens, every variant.
 No timing assertions: timings live in bench.py and docs/performance.md.
 """
 
@@ -20,7 +20,7 @@ from attention_kernels.ha.naive import naive_hyper_attention, slot_masks
 from attention_kernels.ha.ops import blockwise_attention
 from attention_kernels.ha.pytorch import _spans, linear_hyper_attention
 from attention_kernels.hfa.naive import naive_hfa
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig
 
 DT = torch.float64
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -305,51 +305,3 @@ def test_model_paths_equal_reference_kernel(name):
         res[kernel] = [logits] + [p.grad for p in model.parameters()]
     for a, b in zip(res['torch'], res['reference']):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
-
-
-# -----------------------------------------------------------------------------
-# KV cache: generate with the cache == recomputation, every variant
-
-VARIANTS = {
-    'sa': dict(attention='sa'),
-    'linear': dict(attention='linear'),
-    'hfa_v1': dict(attention='hfa_v1'),
-    'hfa_v2': dict(attention='hfa_v2'),
-    'hfa_kron': dict(attention='hfa_v1', hfa_kron='on'),
-    'hfa_mixed': dict(attention='hfa_v2', n_hfa_head=1),
-    'ha': dict(attention='ha'),
-    'ha_windowed': dict(attention='ha', ha_window1=4, ha_window2=2),
-    'ha_linear': dict(attention='ha', softmax=False),
-    'sa,ha': dict(attn_layers='sa,ha'),
-    'sa_window': dict(attention='sa', attn_window=3),
-    'hfa_window': dict(attention='hfa_v2', attn_window=3),
-    'hfa_kron_window': dict(attention='hfa_v1', hfa_kron='on', attn_window=3),
-    'linear_window': dict(attention='linear', attn_window=3, linear_norm=True),
-    'ha4_windowed': dict(attention='ha', ha_order=4, ha_window1=3, ha_window2=2),
-}
-
-
-@pytest.mark.parametrize('name', list(VARIANTS))
-def test_cached_logits_equal_recomputation(name):
-    model = tiny_gpt(VARIANTS[name])
-    idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(1))
-    cache = KVCache(model.config.n_layer)
-    with torch.no_grad():
-        got = [model(idx[:, :5], cache=cache)[0][:, -1]]
-        for t in range(5, 12):
-            got.append(model(idx[:, t:t + 1], cache=cache)[0][:, -1])
-        want = [model(idx[:, :t + 1])[0][:, -1] for t in range(4, 12)]
-    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-10, atol=1e-11)
-
-
-@pytest.mark.parametrize('name', list(VARIANTS))
-def test_generate_with_cache_samples_the_same_tokens(name):
-    """Same seed, same tokens, also past block_size (12) where the context is cropped."""
-    model = tiny_gpt(VARIANTS[name], seed=2)
-    prompt = torch.randint(0, 13, (2, 3), generator=torch.Generator().manual_seed(3))
-    out = {}
-    for use_cache in (True, False):
-        torch.manual_seed(5)
-        out[use_cache] = model.generate(prompt, 14, temperature=1.0, top_k=8, use_cache=use_cache)
-    assert out[True].shape == (2, 17)
-    assert torch.equal(out[True], out[False])

@@ -54,7 +54,7 @@ def loss_and_grads(model, idx):
 def check_compiles(kw, backend, T=12, n_layer=2):
     cfg = GPTConfig(**{**dict(n_layer=n_layer, n_head=2, n_embd=16, block_size=16, vocab_size=11), **kw})
     torch.manual_seed(0)
-    model = GPT(cfg).to(DEV, torch.float32)  # explicit: another test module sets a float64 default
+    model = GPT(cfg).to(DEV)
     idx = torch.randint(0, 11, (2, T), generator=torch.Generator().manual_seed(1)).to(DEV)
     want = loss_and_grads(model, idx)
     compiled = torch.compile(model, backend=backend, fullgraph=True)

@@ -280,7 +280,7 @@ def tiny_gpt(kernel, kw):
     from model import GPT, GPTConfig
     torch.manual_seed(0)
     cfg = GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=17), **kw, 'kernel': kernel})
-    return GPT(cfg).to(DEV, torch.float32)  # explicit: another test module sets a float64 default
+    return GPT(cfg).to(DEV)
 
 
 @pytest.mark.parametrize('name', list(MODEL_VARIANTS))

@@ -3,8 +3,9 @@ What a long run needs besides exact resume (tests/test_reliability.py): an out_d
 one run (a lock, no silent overwrite, nothing done by a resume that has nothing to do), a stop
 within seconds even during a long evaluation (one process and DDP), a full disk as one line,
 progress a researcher can read (iteration / max_iters, percentage, ETA, evaluation progress,
-the notices a nanoGPT user needs), a CPU peak measured once, and nanoGPT's checkpoints and
-sample.py habits. Tiny runs on a random character dataset; independent runs start together.
+the notices a nanoGPT user needs) and a CPU peak measured once. Tiny runs on a random
+character dataset; independent runs start together. (nanoGPT's checkpoints:
+tests/test_nanogpt_checkpoints.py; sample.py: tests/test_sample.py.)
 """
 
 import hashlib
@@ -24,13 +25,11 @@ import torch
 
 import data
 import hardware
-import runtime
 
 pytestmark = pytest.mark.slow  # every test here runs train.py in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-FIXTURES = Path(__file__).resolve().parent / 'fixtures'
 TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
         '--gradient_accumulation_steps=2', '--device=cpu', '--eval_iters=2', '--eval_interval=2',
         '--warmup_iters=1', '--learning_rate=1e-2']
@@ -162,20 +161,12 @@ def runs(char_data, tmp_path_factory):
     # phase 2: on copies of the finished run
     for name in ('overwrite', 'finished', 'eval_stop', 'disk_full', 'disk_fills'):
         shutil.copytree(tmp / 'base', tmp / name, ignore=shutil.ignore_patterns('.lock'))
-    (tmp / 'nano_resume').mkdir()  # nanoGPT's out_dir: its ckpt.pt alone
-    shutil.copy(FIXTURES / 'nanogpt_ckpt.pt', tmp / 'nano_resume' / 'ckpt.pt')
     held_iter = torch.load(tmp / 'held' / 'ckpt.pt', weights_only=True)['iter_num']
     r['overwrite_before'] = checksums(tmp / 'overwrite')
     r['finished_before'] = checksums(tmp / 'finished')
     r['disk_full_before'] = checksums(tmp / 'disk_full')
     r['disk_fills_before'] = checksums(tmp / 'disk_fills')
     (tmp / 'disk_full' / 'ckpt.pt.tmp').symlink_to('/dev/full')  # every write to it: No space left on device
-    nano_sample = FIXTURES / 'nanogpt_ckpt.pt'
-    ckpt = torch.load(nano_sample, weights_only=True)
-    ckpt['config']['dataset'] = str(char_data)  # nanoGPT's sample.py reads data/<dataset>/meta.pkl
-    torch.save(ckpt, tmp / 'nano_sample.pt')
-    machine = ['--device=cpu', '--dtype=float32', '--compile=False']  # the fixture was trained on a GPU
-    sample = ['--device=cpu', '--max_new_tokens=12', '--start=abc']
     p = {
         'resume_held': launch(log('resume_held'), *base, f'--out_dir={tmp / "held"}', '--init_from=resume',
                               f'--max_iters={held_iter + 2}'),
@@ -186,27 +177,9 @@ def runs(char_data, tmp_path_factory):
                             '--eval_interval=8', '--eval_iters=100000', '--lr_decay_iters=100'),
         'disk_full': launch(log('disk_full'), f'--out_dir={tmp / "disk_full"}', '--init_from=resume', '--max_iters=6',
                             '--lr_decay_iters=6'),
-        'nano_resume': launch(log('nano_resume'), f'--out_dir={tmp / "nano_resume"}', '--init_from=resume',
-                              f'--data_dir={char_data}', '--max_iters=5', '--eval_interval=5', '--eval_iters=2',
-                              '--always_save_checkpoint=True', *machine),
-        'nano_finetune': launch(log('nano_finetune'), f'--init_from={FIXTURES / "nanogpt_ckpt.pt"}',
-                                f'--out_dir={tmp / "nano_finetune"}', f'--data_dir={char_data}', '--max_iters=2',
-                                '--eval_interval=2', '--eval_iters=2', '--batch_size=4', '--block_size=16',
-                                '--gradient_accumulation_steps=1', *machine),
         'disk_fills': launch(log('disk_fills'), 'train.py', f'--out_dir={tmp / "disk_fills"}', '--init_from=resume',
                              '--max_iters=6', '--lr_decay_iters=6', script='tests/train_hooks.py',
                              NANOHFA_TEST_DIE_AT='6:0:full'),
-        'nano_sample': launch(log('nano_sample'), f'--init_from={tmp / "nano_sample.pt"}', *sample, script='sample.py'),
-        'nano_sample_meta': launch(log('nano_sample_meta'), f'--init_from={FIXTURES / "nanogpt_ckpt.pt"}',
-                                   f'--meta={char_data}', *sample, script='sample.py'),
-        'nano_sample_meta_file': launch(log('nano_sample_meta_file'), f'--init_from={FIXTURES / "nanogpt_ckpt.pt"}',
-                                        f'--meta={char_data / "meta.json"}', *sample, script='sample.py'),
-        'greedy1': launch(log('greedy1'), f'--out_dir={tmp / "base"}', *sample, '--temperature=0', '--seed=1',
-                          script='sample.py'),
-        'greedy2': launch(log('greedy2'), f'--out_dir={tmp / "base"}', *sample, '--temperature=0', '--seed=2',
-                          script='sample.py'),
-        'sample_habits': launch(log('sample_habits'), f'--out_dir={tmp / "base"}', *sample, '--dtype=bfloat16',
-                                '--compile=True', script='sample.py'),
     }
     wait_for(log('eval_stop'), 'evaluating iteration 8:', p['eval_stop'])
     t_signal = time.time()
@@ -402,68 +375,6 @@ def test_prepare_hint_names_a_config_that_fits(tmp_path):
         (tmp_path / tokenizer / 'meta.json').write_text(json.dumps({'tokenizer': tokenizer, 'vocab_size': 50257}))
         last = data.summary(tmp_path / tokenizer).splitlines()[-1]
         assert last.startswith('next: python train.py config/cpu_sa.py --data_dir='), last
-
-
-# -----------------------------------------------------------------------------
-# nanoGPT's checkpoints and sample.py habits
-
-def test_nanogpt_checkpoint_gives_nanogpt_logits():
-    """tests/fixtures/nanogpt_ckpt.pt was written by nanoGPT's model code and train.py's format
-    (names with '_orig_mod.', attn.c_attn); our GPT built from it gives nanoGPT's logits."""
-    ckpt = runtime.load_checkpoint(FIXTURES / 'nanogpt_ckpt.pt')
-    expected = torch.load(FIXTURES / 'nanogpt_logits.pt', weights_only=True)
-    model = runtime.model_from_checkpoint(ckpt, 'nanogpt_ckpt.pt').eval()
-    with torch.no_grad():
-        logits, _ = model(expected['idx'], expected['idx'])
-    torch.testing.assert_close(logits, expected['logits'], rtol=0, atol=1e-6)
-    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.99), 'cpu')
-    optimizer.load_state_dict(ckpt['optimizer'])  # the same parameter order and shapes
-
-
-def test_nanogpt_checkpoint_resumes(runs):
-    r, out = runs['nano_resume'], runs['dir'] / 'nano_resume'
-    assert r['rc'] == 0, r
-    assert 'a nanoGPT checkpoint: model, optimizer and iteration continue' in r['out']
-    assert [s['iter'] for s in jsonl(out / 'train_log.jsonl')] == [3, 4]
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 5
-
-
-def test_nanogpt_checkpoint_starts_a_new_run(runs):
-    r, out = runs['nano_finetune'], runs['dir'] / 'nano_finetune'
-    assert r['rc'] == 0, r
-    assert [s['iter'] for s in jsonl(out / 'train_log.jsonl')] == [0, 1]
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['model_args']['n_layer'] == 2
-
-
-def test_nanogpt_checkpoint_samples(runs):
-    r = runs['nano_sample']
-    assert r['rc'] == 0 and not r['err'], r
-    text = r['out'].split('---------------')[0].strip().splitlines()[-1]
-    assert text.startswith('abc') and len(text) == 15 and set(text) <= set('abcdefghijklmnop')
-
-
-@pytest.mark.parametrize('run', ['nano_sample_meta', 'nano_sample_meta_file'])
-def test_nanogpt_checkpoint_samples_with_its_meta(runs, run):
-    """--meta (the dataset folder or its meta file) decodes a nanoGPT checkpoint whose dataset is
-    not under data/ (or is another corpus of the same name: refused, tests/test_bad_inputs.py)."""
-    r = runs[run]
-    assert r['rc'] == 0 and not r['err'], r
-    text = r['out'].split('---------------')[0].strip().splitlines()[-1]
-    assert text.startswith('abc') and len(text) == 15 and set(text) <= set('abcdefghijklmnop')
-
-
-def test_temperature_zero_is_greedy(runs):
-    a, b = runs['greedy1'], runs['greedy2']
-    assert a['rc'] == 0 and b['rc'] == 0, (a, b)
-    text = lambda r: r['out'].split("Overriding: seed = ")[1].split('\n', 1)[1]
-    assert text(a) == text(b) and text(a).startswith('abc')  # no sampling: the seed plays no part
-
-
-def test_sample_accepts_nanogpts_dtype_and_compile(runs):
-    r = runs['sample_habits']
-    assert r['rc'] == 0, r
-    assert r['err'].strip() == "note: compile=True is accepted for nanoGPT's command lines; sampling runs eagerly"
-    assert r['out'].split('---------------')[0].strip().splitlines()[-1].startswith('abc')
 
 
 # -----------------------------------------------------------------------------

@@ -409,10 +409,10 @@ def test_cuda_chunked_prefill_and_determinism(tha):
 # -----------------------------------------------------------------------------
 # through the custom ops and their autograd, in this process (test_kernels_triton.py's helpers)
 
-def ha_kernel(offset, causal, w1, w2, shared, backend='triton'):
+def ha_kernel(offset, causal, w1, w2, shared, kernel='triton'):
     """The Triton (or the blockwise PyTorch) op on (q, k1, k2, v1, v2), or on (q, k, v) with
     k and v in both slots."""
-    op = ha_ops.ha3_fwd if backend == 'triton' else ha_ops.ha3_blockwise_fwd
+    op = ha_ops.ha3_fwd if kernel == 'triton' else ha_ops.ha3_blockwise_fwd
 
     def f(q, *kv):
         k1, k2, v1, v2 = (kv[0], kv[0], kv[1], kv[1]) if shared else kv

@@ -1,0 +1,278 @@
+"""
+Checkpoints: what train.py writes (atomically, with every process's RNG state, so a resumed
+run continues exactly) and what train.py, sample.py and interactions.py read back (this
+project's checkpoints, nanoGPT's, and GPT-2's weights), safely. What goes into a checkpoint
+is train.py's choice; this module gathers, writes and reads it. Every failure is a
+UserError saying what is wrong and how to fix it.
+
+ckpt.pt holds the optimizer as optimizer.state_dict() does, its state keyed by the parameter's
+position in the groups; torch.distributed.checkpoint keys it by parameter name. Under FSDP
+the two are converted, so one checkpoint serves DDP, FSDP, one process and sample.py.
+"""
+
+import os
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import data
+import hub
+import run_folder
+from errors import UserError
+from model import GPT, GPTConfig
+
+GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+
+
+def init_kind(init_from, choices):
+    """What init_from names: 'scratch', 'resume', 'gpt2' (a name or a Hugging Face folder) or
+    'file' (a checkpoint to start from); one of `choices`, else a one-line refusal."""
+    if init_from in ('scratch', 'resume'):
+        kind = init_from
+    elif init_from in GPT2_NAMES or (Path(init_from) / 'config.json').is_file():
+        kind = 'gpt2'
+    elif Path(init_from).is_file():
+        kind = 'file'
+    elif not Path(init_from).exists() and ('/' in init_from or os.sep in init_from or
+                                            init_from.endswith(('.pt', '.pth', '.ckpt'))):  # meant a path
+        what = 'a checkpoint file (ckpt.pt) or a Hugging Face GPT-2 folder' if 'file' in choices else \
+            'a Hugging Face GPT-2 folder (config.json)'
+        raise UserError(f"init_from {init_from!r}: file not found; give the path of {what}")
+    else:
+        kind = None
+    if kind not in choices:
+        first = ', '.join(repr(c) for c in ('scratch', 'resume') if c in choices)
+        file = ', or a checkpoint file (ckpt.pt)' if 'file' in choices else ''
+        raise UserError(f"init_from must be {first}, one of {', '.join(GPT2_NAMES)} or a folder holding a Hugging "
+                        f"Face GPT-2 (config.json){file}, not {init_from!r}")
+    return kind
+
+
+# -----------------------------------------------------------------------------
+# reading
+
+def load_checkpoint(path, missing='train first, or set --out_dir'):
+    """A checkpoint read with weights_only=True (loading never runs code), this project's or
+    nanoGPT's (whose parameter names are mapped to ours). A file that pickles code is refused
+    as unsafe; one that is not a checkpoint, or is cut short, as corrupt."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}; {missing}")
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
+        found = re.findall(r'GLOBAL ([\w.]+)', str(e))
+        if found:  # a valid pickle that names a function or class: it could run code
+            raise UserError(f"checkpoint {path} holds objects other than tensors and plain containers "
+                            f"({found[0]}); refusing to load it, since that could run code")
+        raise UserError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}: not a complete "
+                        f"checkpoint file); restore it from a backup, or train again")
+    if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= ckpt.keys():
+        raise UserError(f"{path} is a torch file but not a training checkpoint (it has no model and model_args); "
+                        f"give the ckpt.pt that train.py wrote")
+    return ckpt if 'rng' in ckpt else from_nanogpt(ckpt)
+
+
+def from_nanogpt(ckpt):
+    """nanoGPT's checkpoint (softmax attention, its 7 model_args) in our layout: torch.compile's
+    '_orig_mod.' prefix dropped, the causal-mask buffers of its non-flash attention dropped, and
+    its attn.c_attn is our attn.groups.0.c_attn (one group of heads). Parameter order and shapes
+    are the same, so its AdamW state loads as it is."""
+    model = {}
+    for k, v in ckpt['model'].items():
+        k = k.removeprefix('_orig_mod.')
+        if k.endswith('.attn.bias') and v.dim() == 4:  # the mask buffer, not a weight
+            continue
+        model[k.replace('.attn.c_attn.', '.attn.groups.0.c_attn.')] = v
+    best = ckpt.get('best_val_loss', 1e9)
+    return {**ckpt, 'model': model, 'best_val_loss': float(best), 'nanogpt': True}
+
+
+def model_from_checkpoint(ckpt, path, **override):
+    """The GPT a checkpoint holds, its weights loaded; override: dropout, kernel (not architecture)."""
+    try:
+        model = GPT(GPTConfig.from_dict({**ckpt['model_args'], **override}))
+        model.load_state_dict(ckpt['model'])
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise UserError(f"checkpoint {path} does not hold a GPT this code can build ({hub.first_line(e, 200)})")
+    return model
+
+
+def checkpoint_meta(ckpt, path, given='', gpt2_fallback=True):
+    """The tokenizer metadata a checkpoint's tokens are read with: `given` (--meta: a dataset
+    folder, or its meta.json / meta.pkl), else the record the checkpoint carries (ours), else its
+    dataset's meta under data/ (nanoGPT's, as nanoGPT's sample.py finds it), else GPT-2's tokens
+    (None without gpt2_fallback). A vocabulary that is not the checkpoint's is refused: decoding
+    with it indexes past the model's table or reads the wrong characters."""
+    vocab = ckpt['model_args']['vocab_size']
+    own = ckpt.get('tokenizer') or None
+    dataset = ckpt.get('dataset') or ckpt.get('config', {}).get('dataset')
+    if given:
+        source = Path(given)
+        if source.is_dir():
+            meta = data.read_meta(source)
+            if meta is None:
+                raise UserError(f"--meta={given}: that folder holds no meta.json or meta.pkl; give the folder of "
+                                f"the dataset the checkpoint was trained on, or its meta file")
+        elif source.is_file():
+            meta = data.read_meta_file(source)
+        else:
+            raise UserError(f"--meta={given} not found; give the folder of the dataset the checkpoint was trained "
+                            f"on, or its meta.json / meta.pkl")
+    elif own:
+        return own
+    else:
+        folder = data.DATA / dataset if dataset else None
+        source = folder and next((folder / n for n in ('meta.json', 'meta.pkl') if (folder / n).exists()), None)
+        meta = source and data.read_meta(folder)
+        if meta is None:
+            if not gpt2_fallback:
+                return None
+            meta = {'tokenizer': 'gpt2', 'vocab_size': 50257}
+            source = (f"GPT-2's tokenizer (the default, since {folder} holds no meta.json or meta.pkl)" if folder
+                      else "GPT-2's tokenizer (the default, since the checkpoint names no dataset)")
+    kind, size = meta.get('tokenizer'), meta['vocab_size']
+    fits = vocab >= size if kind == 'gpt2' else vocab == size
+    if own and own.get('tokenizer') != kind:
+        have = f"the {kind!r} tokenizer, not the {own.get('tokenizer')!r} one it was trained with"
+    elif own and own.get('itos') and own['itos'] != data.tok_itos(meta):
+        have = f"other characters than the {len(own['itos'])} it was trained on"
+    elif not fits:
+        have = f"{size:,} {'characters' if kind == 'char' else 'tokens'}"
+    else:
+        return meta
+    dataset_name = Path(str(dataset)).name if dataset else 'its dataset'
+    raise UserError(f"checkpoint {path} has a vocabulary of {vocab:,} tokens but {source} has {have}: not the data "
+                    f"it was trained on; give that data's meta: --meta=path/to/{dataset_name} (the dataset folder) "
+                    f"or --meta=path/to/meta.pkl")
+
+
+def load_gpt2(name, dropout=0.0):
+    """GPT-2's weights by name (Hub or its cache) or from a save_pretrained folder."""
+    try:
+        return GPT.from_pretrained(name, dict(dropout=dropout))
+    except (ValueError, OSError, ImportError) as e:
+        raise UserError(f"could not load GPT-2 weights {name!r} ({hub.first_line(e)})" + (
+            "; offline: give init_from a folder saved by transformers' save_pretrained, or the name of "
+            "a model already in the Hugging Face cache (HF_HOME)" if hub.offline_now() else ''))
+
+
+def finished(ckpt, path, max_iters):
+    """Whether a run resumed from `ckpt` (read from `path`) with max_iters has nothing left to
+    do: at max_iters with that iteration evaluated. Past max_iters is refused: the user meant
+    to continue it (a larger max_iters) or to evaluate it."""
+    if max_iters < ckpt['iter_num']:
+        raise UserError(f"the checkpoint {path} is at iteration {ckpt['iter_num']}, past max_iters={max_iters}: "
+                        f"nothing to train, and nothing was changed; give a larger --max_iters to continue the run, "
+                        f"or --eval_only=True to evaluate it")
+    return max_iters == ckpt['iter_num'] and ckpt.get('evaluated', True)
+
+
+def load_optimizer(optimizer, model, state, fsdp):
+    """The optimizer state a checkpoint holds; under FSDP each process keeps its own shard of it."""
+    if not fsdp:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # seconds to import
+    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
+                             optim_state_dict=optimizer_state_by_name(state, model, optimizer))
+
+
+def restore_rng(ckpt, data_gen, seed, rank, world_size, device):
+    """The data order and this process's RNG (dropout) where the checkpoint left them. A
+    nanoGPT checkpoint holds neither, and one saved with another number of processes holds no
+    stream for this one: a fresh stream is seeded from the iteration instead (not a copy of
+    rank 0's)."""
+    iter_num = ckpt['iter_num']
+    if 'rng' in ckpt:
+        data_gen.set_state(ckpt['rng']['data'])
+    else:
+        data_gen.manual_seed(seed + 1000003 * iter_num)
+    ranks_rng = ckpt.get('rng', {}).get('ranks') or []  # each process's own dropout RNG state
+    own_rng = ranks_rng[rank] if len(ranks_rng) == world_size else ckpt.get('rng') if rank == 0 else None
+    if own_rng is None:
+        torch.manual_seed(seed + rank + 1000003 * iter_num)
+    else:
+        torch.set_rng_state(own_rng['torch'])
+        if device.startswith('cuda') and own_rng.get('cuda') is not None:
+            torch.cuda.set_rng_state(own_rng['cuda'], device)
+
+
+# -----------------------------------------------------------------------------
+# writing
+
+def gather(model, optimizer, device, ddp, fsdp, master):
+    """(model state, optimizer state, RNG state) to save. Every process calls it: DDP gathers
+    each one's RNG state, FSDP each one's shards; the states are complete on rank 0 only.
+    The RNG state is this process's (torch, cuda) with every process's under 'ranks'."""
+    own_rng = {'torch': torch.get_rng_state(),
+               'cuda': torch.cuda.get_rng_state(device) if device.startswith('cuda') else None}
+    ranks_rng = [own_rng]
+    if ddp:
+        ranks_rng = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks_rng, own_rng)
+    if fsdp:  # every process sends its shards; rank 0 gets the full tensors, in host memory
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)  # seconds to import
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(model, options=options)
+        optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+        if master:
+            optimizer_state = optimizer_state_by_position(optimizer_state)
+    else:
+        model_state, optimizer_state = model.state_dict(), optimizer.state_dict()
+    return model_state, optimizer_state, {**own_rng, 'ranks': ranks_rng}
+
+
+def save_checkpoint(state, out, keep_last, saved_iter):
+    """Write state to out/ckpt.pt: to a temporary file, flushed to disk, then renamed, so there
+    is never a half-written ckpt.pt; a failed write (a full disk) removes the temporary file
+    and leaves the last checkpoint (of iteration saved_iter) as it was. keep_last > 0 also
+    keeps the last that many as ckpt_<iter>.pt (hard links)."""
+    out = Path(out)
+    path, tmp, iter_num = out / 'ckpt.pt', out / 'ckpt.pt.tmp', state['iter_num']
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # RuntimeError: torch's zip writer, after the failed write
+        if not isinstance(e, OSError) and not isinstance(e.__context__, OSError) and 'inline_container' not in str(e):
+            raise
+        tmp.unlink(missing_ok=True)
+        raise run_folder.write_failed(e, f"the checkpoint of iteration {iter_num} to {tmp}", out, saved_iter)
+    try:  # make the rename itself durable
+        dir_fd = os.open(out, os.O_RDONLY)
+        os.fsync(dir_fd)
+        os.close(dir_fd)
+    except OSError:
+        pass
+    if keep_last > 0:
+        kept = out / f'ckpt_{iter_num:07d}.pt'
+        os.link(path, kept) if not kept.exists() else None
+        for old in sorted(out.glob('ckpt_*.pt'))[:-keep_last]:
+            old.unlink()
+
+
+def optimizer_state_by_name(state, model, optimizer):
+    """ckpt.pt's optimizer state (keyed by position) keyed by parameter name, for FSDP."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g['params']]
+    groups, i = [], 0
+    for g in state['param_groups']:
+        groups.append({**g, 'params': order[i:i + len(g['params'])]})
+        i += len(g['params'])
+    return {'state': {order[k]: v for k, v in state['state'].items()}, 'param_groups': groups}
+
+
+def optimizer_state_by_position(state):
+    """FSDP's optimizer state (keyed by parameter name) keyed by position, as ckpt.pt holds it."""
+    order = [n for g in state['param_groups'] for n in g['params']]
+    groups, i = [], 0
+    for g in state['param_groups']:
+        groups.append({**g, 'params': list(range(i, i + len(g['params'])))})
+        i += len(g['params'])
+    return {'state': {order.index(n): v for n, v in state['state'].items()}, 'param_groups': groups}

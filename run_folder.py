@@ -1,0 +1,128 @@
+"""
+An out_dir belongs to one run, and holds its files: ckpt.pt (checkpoint.py writes it),
+log.jsonl (one line per evaluation), train_log.jsonl (one per step) and run.json.
+
+train.py takes out_dir with claim(): an advisory lock held for the whole run (flock: the
+operating system releases it when the process ends, however it ends, so a SIGKILL never
+leaves a stale lock), and a run from scratch never replaces a checkpoint that is already
+there unless asked to, and then moves the old run aside instead of deleting it. A write that
+fails (a full disk) is one line naming the last good checkpoint. An evaluation's log line goes
+to Weights & Biases too, when asked, under nanoGPT's keys (wandb_record).
+"""
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from errors import UserError
+
+RUN_FILES = ('ckpt.pt', 'log.jsonl', 'train_log.jsonl', 'run.json')  # with ckpt_<iter>.pt: one run's files
+
+
+def _lock(path, out_dir):
+    """The lock file, opened and locked; a run holding it already is named in the refusal."""
+    f = open(path, 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or 'a process that is starting'
+        f.close()
+        raise UserError(f"out_dir {out_dir!r} is in use by another run ({holder}); wait for it to end, "
+                        f"or choose another --out_dir")
+    return f
+
+
+def claim(out_dir, fresh, overwrite):
+    """Take out_dir for this run and return the open lock file (keep it for the run's lifetime).
+    fresh: the run starts from scratch (or from other weights), so a checkpoint there would be
+    replaced: refused, or with overwrite moved to out_dir/replaced-<time>/ with the run's logs."""
+    out = Path(out_dir)
+    lock = None
+    try:
+        if (out / '.lock').exists():  # a running run is the first thing to report
+            lock = _lock(out / '.lock', out_dir)
+        old = out / 'ckpt.pt'
+        if fresh and old.exists() and not overwrite:
+            raise UserError(f"out_dir {out_dir!r} already holds a run (ckpt.pt saved "
+                            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(old.stat().st_mtime))}); continue it "
+                            f"with --init_from=resume, train into another --out_dir, or start over with "
+                            f"--overwrite=True (the old run is moved aside, not deleted)")
+        out.mkdir(parents=True, exist_ok=True)
+        lock = lock or _lock(out / '.lock', out_dir)
+        if fresh and old.exists():
+            aside = out / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+            aside.mkdir()
+            for p in [out / name for name in RUN_FILES] + sorted(out.glob('ckpt_*.pt')):
+                if p.exists():
+                    os.replace(p, aside / p.name)
+            print(f"overwrite=True: the previous run's checkpoint and logs moved to {aside}")
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                   f"{' '.join(sys.argv)}\n")
+        lock.flush()
+    except OSError as e:
+        raise UserError(f"out_dir {out_dir!r} cannot be written ({e.strerror}); choose another --out_dir")
+    return lock
+
+
+def write_failed(e, what, out, saved_iter):
+    """A full disk (or another write error) while writing `what` into the run folder `out`: one
+    line, naming the last checkpoint (of iteration saved_iter; None: none saved yet)."""
+    kept = (f"the last good checkpoint {Path(out) / 'ckpt.pt'} (iteration {saved_iter}) is untouched; free some "
+            f"space and continue with --init_from=resume" if saved_iter is not None else
+            "no checkpoint of this run had been saved yet; free some space and start again")
+    # torch's zip writer reports a failed write as its own RuntimeError ("unexpected pos ...");
+    # the OSError behind it (ENOSPC on a full disk) is what the user needs to read
+    cause = next((c for c in (e, e.__context__, e.__cause__) if isinstance(c, OSError)), None)
+    reason = getattr(cause, 'strerror', None) or str(cause or e)  # ENOSPC: "No space left on device"
+    return UserError(f"could not write {what} ({reason}); {kept}")
+
+
+def append_jsonl(path, record, saved_iter):
+    """One JSON line appended to a log in the run folder (saved_iter: for write_failed)."""
+    try:
+        with open(path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+    except OSError as e:
+        raise write_failed(e, path, Path(path).parent, saved_iter)
+
+
+def trim_jsonl(path, keep):
+    """On resume, drop log lines written after the checkpoint (they will be redone)."""
+    if path.exists():
+        lines = [l for l in path.read_text().splitlines() if l.strip() and keep(json.loads(l))]
+        path.write_text(''.join(l + '\n' for l in lines))
+
+
+def start_logs(out, run, resumed_at=None, evaluated=False):
+    """The run's logs at its start. Resumed at iteration resumed_at: the lines logged after the
+    checkpoint are dropped (those steps, and that iteration's evaluation unless `evaluated`,
+    will be done again); from scratch: no old logs. run.json gets `run` (config, model, sizes)."""
+    out = Path(out)
+    try:
+        if resumed_at is not None:
+            trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] < resumed_at + evaluated)
+            trim_jsonl(out / 'train_log.jsonl', lambda r: r['iter'] < resumed_at)
+        else:
+            for name in ('log.jsonl', 'train_log.jsonl'):
+                (out / name).unlink(missing_ok=True)
+        (out / 'run.json').write_text(json.dumps(run, indent=1))
+    except OSError as e:
+        raise write_failed(e, f"the logs in {out}", out, resumed_at)
+
+
+def wandb_record(rec):
+    """An evaluation under nanoGPT's wandb keys (iter, train/loss, val/loss, lr, mfu in percent),
+    with val/ppl, tokens and tokens_per_s beside them."""
+    keys = {'iter': 'iter', 'train_loss': 'train/loss', 'val_loss': 'val/loss', 'val_ppl': 'val/ppl',
+            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s'}
+    logged = {name: rec[k] for k, name in keys.items() if rec.get(k) is not None}
+    if rec.get('mfu') is not None:
+        logged['mfu'] = 100 * rec['mfu']
+    return logged
