@@ -757,9 +757,10 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 # launches (SPLIT_DA_FROM); db_k: slot b's dk launch's own lanes. Chosen with
 # tools/compile_check.py: the largest tiles with no register spill on sm_90 (with the
 # default split) and shared memory within the limit. dqa: the fused dq + slot-a kernel;
-# at 64 on 128 lanes (4 query groups) x 32 columns, 8 warps (64 x 16 on 4 warps: 1.6x the
-# time by tools/program_model.py, whose steps were bound by one warp's stalls per
-# scheduler); at 128 on 32 lanes x 32 columns, 4 warps (64-lane tiles spilled 350-1,470 B: two
+# at 64 on 128 lanes (4 query groups) x 16 columns, 8 warps (64 x 16 on 4 warps: 1.4x the
+# time by tools/program_model.py, its steps bound by one warp's stalls per scheduler; 32
+# columns spilled 64-88 B when compiled without the integer hints, e.g. T not a multiple
+# of 16); at 128 on 32 lanes x 32 columns, 4 warps (64-lane tiles spilled 350-1,470 B: two
 # 64 x 128 float32 accumulators); none at 256. Slot b at 128 on one stage: with two, its
 # dv launch spilled 8 B under triton 3.6 (the GPU machine's). Unfused at 128, dq and slot a's dk
 # spill 8-168 B with one warp group on their 64-row tiles in every tiling tried, so they
@@ -768,7 +769,7 @@ SPLIT_DA_FROM = 128  # padded head size from which each slot's dk and dv are two
 TILES = {
     'low': {16: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(128, 32, 1)),
             32: dict(fwd=(128, 64, 2), dq=(128, 64, 2), da=(128, 32, 2), db=(128, 64, 2), dqa=(64, 32, 1)),
-            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 32, 1), dqa=(128, 32, 1)),
+            64: dict(fwd=(128, 64, 2), dq=(128, 32, 2), da=(128, 16, 2), db=(128, 32, 1), dqa=(128, 16, 1)),
             128: dict(fwd=(128, 32, 2), dq=(64, 16, 2, 8), da=(64, 16, 2), da_k=(64, 16, 2, 8), db=(64, 32, 1),
                       db_k=(64, 16, 1), dqa=(32, 32, 1, 4)),
             256: dict(fwd=(64, 16, 1), dq=(64, 16, 1), da=(64, 16, 1), db=(64, 16, 1))},
