@@ -92,7 +92,7 @@ def dot_precision(dtype):
 
 
 # the HFA backward on sm_80 (mma.sync, per warp): (R, L, warps, stages) by head block and A
-SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4: (16, 32, 4, 1)},
+SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4: (32, 16, 4, 1)},  # A = 4: 16 x 32 spilled 8 B non-causal (hints)
                 64: {1: (64, 32, 4, 1), 2: (32, 32, 4, 1), 3: (32, 32, 4, 1), 4: (32, 32, 4, 1)},
                 128: {1: (64, 32, 4, 1), 2: (16, 32, 4, 1), 3: (16, 16, 4, 1), 4: (16, 64, 8, 1)}}
 
@@ -123,10 +123,12 @@ def block_sizes(kind, BD, A, dtype, arch=90):
             stages = 1
         return (16, 32, 4, stages) if BD > 64 and kind.endswith('bwd') else (32, 32, 4, stages)
     if kind.endswith('fwd'):  # 128 rows on 8 warps: two warp groups of 64 rows, no tile twice
-        if BD > 64:  # one stage; 64 columns spilled 8-48 B with A >= 2 (triton 3.6 or 3.9)
-            return 128, 64 if A == 1 else 32, 8, 1
-        cols = 32 if A == 4 and arch < 90 else 64  # sm_80, A = 4: 64 spilled 8 B
-        return 128, cols, 8, 2 if A > 2 else stages
+        if BD > 64:  # one stage; 64 columns spilled 8-48 B with A >= 2 (triton 3.6 or 3.9), and
+            return 128, 64 if A == 1 and arch >= 90 else 32, 8, 1  # 8 B for A = 1 on sm_80 (with the run-time hints)
+        # sm_80: 64 columns spilled 8 B with A = 4, and 32-56 B with A = 3 compiled with the
+        # launch's integer hints; A = 4 on two stages 8 B at dh 32 (hints)
+        cols = 32 if A >= 3 and arch < 90 else 64
+        return 128, cols, 8, (1 if A == 4 and arch < 90 else 2) if A > 2 else stages
     # backward: (rows each kernel keeps, rows per step, warps, stages); hfa_backward gives dq
     # R query rows and dk/dv R key rows, and every dot of both has R rows, so R = 64 runs
     # on wgmma. The largest R without spills on sm_90 (tools/compile_check.py): one stage
