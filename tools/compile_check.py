@@ -21,8 +21,9 @@ Per kernel and configuration (the wrappers' own tile sizes, warps and stages) it
            reaches (tensor time against instruction issue and the exp unit, midway between
            full and no overlap), times formula/executed
   whole program  sm_90, bf16/fp16: tools/program_model.py's figures for the launch at
-           T = 4096 and --heads heads (cycles, programs, CTAs per SM, instructions,
-           barriers and wgmma waits per program, global loads per second)
+           T = 4096 and --heads heads: est's fraction over the whole launch, cycles,
+           programs, CTAs per SM, instructions, barriers and wgmma waits per program,
+           global loads per second
 and per operation the loop-only and the whole-program forward, backward and forward +
 backward fractions of the peak (docs/performance.md). Integer arguments are compiled with
 the divisibility hints the launch gives at run time (--no_hints: plain i32, as before).
@@ -255,6 +256,9 @@ def analyse(case, k, arch):
             w = program_model.launch(prog, traces, rec['regs'], rec['smem'], case.shape.get('heads', 16), heads_fastest)
             per = w.pop('per_program')
             rec['whole'] = dict(w, shape=case.shape, barriers=per.bar, wgmma_waits=per.wait, instr=per.instr)
+            if rec['mma_per_step']:  # as est: the executed tensor work at the dense peak, times formula/executed
+                rec['whole']['est'] = program_model.fraction(w['executed_flops'], w['cycles']) * \
+                    case.formula / rec['mma_per_step']
         except (KeyError, ValueError) as e:
             rec['whole'] = dict(error=str(e))
     return rec
@@ -383,7 +387,8 @@ def line(rec):
     if w and 'error' in w:
         s += f" | whole program: n/a ({w['error']})"
     elif w:
-        s += (f" | whole program: {w['cycles'] / 1e3:.0f}k cycles, {w['programs']} programs, {w['ctas_per_sm']} CTA/SM,"
+        s += (f" | whole program:{' %.0f%%,' % (100 * w['est']) if 'est' in w else ''}"
+              f" {w['cycles'] / 1e3:.0f}k cycles, {w['programs']} programs, {w['ctas_per_sm']} CTA/SM,"
               f" per program {w['instr']:.0f} instr, {w['barriers']:.0f} barriers, {w['wgmma_waits']:.0f} wgmma waits,"
               f" loads {w['load_bytes'] / w['cycles'] * program_model.CLOCK_HZ / 1e12:.1f} TB/s")
     return s
