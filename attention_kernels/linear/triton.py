@@ -136,7 +136,7 @@ def _linear_bwd_dkdv(Q, K, V, DO, DK, DV, Tq, Tk, offset, window, scale, CAUSAL:
     tl.store(DV + n * Tk * D + rn[:, None] * D + rd[None, :], _cast(dv, DV.dtype.element_ty, UP), mask=km)
 
 
-def _shapes(q, k, v, what):
+def _check(q, k, v, what):
     check_inputs(what, q, k, v)
     N, Tq, D = q.shape
     if k.shape != v.shape or k.shape[0] != N or k.size(-1) != D:
@@ -151,7 +151,7 @@ def _meta(q, causal, norm, D):
 
 def linear_forward(q, k, v, offset, causal, window, norm, scale):
     """q (N, Tq, dh), k, v (N, Tk, dh), contiguous, one dtype -> out (N, Tq, dh)."""
-    N, Tq, Tk, D = _shapes(q, k, v, 'linear_forward')
+    N, Tq, Tk, D = _check(q, k, v, 'linear_forward')
     out = torch.empty_like(q)
     if out.numel() == 0:
         return out
@@ -165,7 +165,7 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
 
 def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     """Gradients (dq, dk, dv) of linear_forward."""
-    N, Tq, Tk, D = _shapes(q, k, v, 'linear_backward')
+    N, Tq, Tk, D = _check(q, k, v, 'linear_backward')
     dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
