@@ -663,7 +663,7 @@ def main(argv=None):
         import interactions_seeds
         dirs = interactions_seeds.checkpoint_dirs(o['out_dir'])
         if dirs:
-            return interactions_seeds.main(o, dirs)
+            return interactions_seeds.main(o, dirs, sys.argv[1:] if argv is None else argv)
     sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'], o['meta'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):

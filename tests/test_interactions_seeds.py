@@ -114,9 +114,76 @@ def test_command_line_over_several_checkpoints(tmp_path):
                       f"--report_dir={tmp_path / 'rep'}"])
     assert report['seeds'] == 3 and len(report['groups']) == 2 and report['attention'] == 'sa'
     assert json.loads((tmp_path / 'rep' / 'seeds.json').read_text())['groups'][0]['heads'][0] == 0
+    assert (tmp_path / 'rep' / 'seeds_layer0_class_blocks.png').stat().st_size > 0
+    assert 'token_share' not in report['groups'][0] and len(report['groups'][0]['offset_rho']) == 2  # positions=none
     save_ckpt(tmp_path / 'other', GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=4, n_embd=8,
                                                 bias=False)), itos)
     with pytest.raises(UserError, match='is another model than'):
         ia.main([f"--out_dir={tmp_path / 'runs' / 'seed0'},{tmp_path / 'other'}", '--positions=none'])
     with pytest.raises(UserError, match='names 1 checkpoint folder'):
         ia.main([f"--out_dir={tmp_path / 'runs' / 'seed0'},", '--positions=none'])
+
+
+def test_a_triple_symmetric_in_its_keys_is_listed_once():
+    """Shared key streams make T[a, b, c] = T[a, c, b]: (b, c) and (c, b) are one structure, so
+    the top list and the chance level count each key pair once."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 4, 4, generator=gen, dtype=torch.float64)
+    sym = x + x.transpose(1, 2)
+    heads = [[{'ranked': sym}], [{'ranked': sym.clone()}]]
+    group, = seeds.seed_stability(heads, list('wxyz'), k=6)['groups']
+    triples = [(t.split(' <- ')[0], *t.split('(')[1].rstrip(')').split(', ')) for t in group['per_seed'][0]]
+    assert len({(a, min(b, c), max(b, c)) for a, b, c in triples}) == 6  # no key pair twice
+    assert all(b <= c for _, b, c in triples)
+    assert group['chance'] == pytest.approx(6 * 6 / (4 * 4 * 5 / 2))
+    assert seeds.one_order(x) is x  # not symmetric: every order is its own structure
+
+
+def test_unrelated_heads_give_the_overlap_baseline():
+    """Every head of both seeds favours the same entry (a token every head reads): matched heads
+    overlap on it, and so do unrelated ones; the baseline reports that, where k^2 / M would not."""
+    gen = torch.Generator().manual_seed(6)
+    seeds_heads = fake_heads(gen, 3), fake_heads(gen, 3)
+    for h in seeds_heads[0] + seeds_heads[1]:
+        h['ranked'][0, 0] = 100.0
+    group = seeds.seed_stability(list(seeds_heads), [str(i) for i in range(12)], k=1)['groups'][0]
+    assert group['unrelated_overlap'] == 1.0 and group['chance'] == pytest.approx(1 / 144)
+
+
+def test_token_classes_and_their_block_means():
+    assert [seeds.token_class(t) for t in ['\u2423', '\\n', 'e', 'Q', ';', '#7']] == \
+        ['space', 'newline', 'lowercase', 'capital', 'punctuation', 'other']
+    x = torch.arange(16, dtype=torch.float64).reshape(4, 4)
+    classes, blocks = seeds.class_blocks(x, ['a', 'b', 'C', '\u2423'])
+    assert classes == ['space', 'lowercase', 'capital']
+    assert blocks[1, 1] == x[:2, :2].mean() and blocks[0, 2] == x[3, 2] and blocks[1, 0] == x[:2, 3].mean()
+
+
+def test_head_type_and_offset_agreement_come_from_each_seeds_measures():
+    """measures: per seed, each head's token share and offset profile, read through the matching."""
+    gen = torch.Generator().manual_seed(7)
+    ref = fake_heads(gen, 2)
+    other = [ref[1], ref[0]]  # seed 1 holds the heads swapped
+    profile = [torch.tensor([3.0, 1.0, 0.0]), torch.tensor([0.0, 1.0, 3.0])]
+    measures = [dict(token_share=[0.9, 0.1], offset_profile=profile),
+                dict(token_share=[0.2, 0.8], offset_profile=profile[::-1])]
+    g0, g1 = seeds.seed_stability([ref, other], [str(i) for i in range(12)], k=3, measures=measures)['groups']
+    assert g0['heads'] == [0, 1] and g0['token_share'] == [0.9, 0.8] and g0['head_type'] == ['token', 'token']
+    assert g1['token_share'] == [0.1, 0.2] and g1['head_type'] == ['positional', 'positional']
+    assert g0['offset_rho'] == [pytest.approx(1.0)] and g1['offset_rho'] == [pytest.approx(1.0)]
+
+
+def test_the_docs_tables_state_the_reports_numbers():
+    """tables(): per group the matched heads, the correlations and overlaps the report holds, the
+    unrelated-head baselines in their own row, and the majority structures with their seed counts."""
+    gen = torch.Generator().manual_seed(8)
+    ref = fake_heads(gen, 2, n=6)
+    other = [{'ranked': ref[1]['ranked'] + 0.1}, {'ranked': ref[0]['ranked'].clone()}]
+    report = seeds.seed_stability([ref, other], list('abcdef'), k=3)
+    stability, recurring = seeds.tables(report).values()
+    g0 = report['groups'][0]
+    assert g0['heads'] == [0, 1] and g0['overlap'] == [3]
+    assert f"| 0 | 0 1 | {g0['rho'][0]:.2f} [{g0['rho'][0]:.2f}, {g0['rho'][0]:.2f}] | 3.0 |" in stability
+    assert f"| unrelated heads |  | {report['unrelated_rho']:.2f} |" in stability
+    top = g0['recurring'][0]
+    assert recurring.splitlines()[2].startswith(f"| 0 | `{top['text']}` 2,")
