@@ -10,18 +10,9 @@ the (Tq, Tk) scores as the model's own PyTorch path does, differentiated in floa
 import torch
 
 from attention_kernels.guard import vjp
-from attention_kernels.ha import pytorch as torch_ha
+from attention_kernels.ha.pytorch import ha3_backward, ha3_forward  # noqa: F401  the same signatures and results
 from attention_kernels.hfa.naive import naive_hfa
 from attention_kernels.linear.naive import naive_linear
-
-
-def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, return_fp32=False):
-    out, lse, out32 = torch_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
-    return (out, lse.float(), out32) if return_fp32 else (out, lse.float())
-
-
-def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale, **_):
-    return torch_ha.ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale)
 
 
 def hfa_forward(q, k, v, offset, causal, window, scale):

@@ -33,8 +33,12 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA GPU')
 
 def _child_call(name, args=(), kwargs=None):
     import attention_kernels.ha.triton as module
-    attr = getattr(module, name)
-    return attr(*args, **(kwargs or {})) if callable(attr) else attr
+    return getattr(module, name)(*args, **(kwargs or {}))
+
+
+def _child_interpreted():
+    from attention_kernels.triton_common import INTERPRETED
+    return INTERPRETED
 
 
 class Interpreted:
@@ -50,7 +54,7 @@ class Interpreted:
                 del os.environ['TRITON_INTERPRET']
             else:
                 os.environ['TRITON_INTERPRET'] = saved
-        self._INTERPRET = self.pool.apply(_child_call, ('_INTERPRET',))
+        self.interpreted = self.pool.apply(_child_interpreted)
 
     def ha3_forward(self, *args, **kwargs):
         return self.pool.apply(_child_call, ('ha3_forward', args, kwargs))
@@ -71,7 +75,7 @@ def tha():
         yield module, 'cuda'
         return
     module = Interpreted()
-    assert module._INTERPRET, 'the kernels must be interpreted on CPU'
+    assert module.interpreted, 'the kernels must be interpreted on CPU'
     yield module, 'cpu'
     module.close()
 
@@ -118,7 +122,7 @@ def inputs(N, Tq, Tk, dh, shared, dtype, device, gen, amplitude=1.0):
 
 def run_kernels(m, ins, dout, geo, config=None, split=None):
     """As the custom op runs them: backward takes the forward's float32 output (bf16/fp16)."""
-    out, lse, out32 = m.ha3_forward(*ins, *geo, config=config, return_fp32=True, split_products=split)
+    out, lse, out32 = m.ha3_forward(*ins, *geo, config=config, split_products=split)
     grads = m.ha3_backward(*ins, out if out32 is None else out32, lse, dout, *geo, config=config,
                            split_products=split)
     return out, lse, grads
@@ -397,8 +401,8 @@ def test_cuda_chunked_prefill_and_determinism(tha):
     gen = torch.Generator().manual_seed(11)
     ins, dout = inputs(2, 4096, 4096, 64, False, torch.bfloat16, dev, gen)
     geo = (0, True, 512, 32, 0.125)
-    out, lse = m.ha3_forward(*ins, *geo)
-    tail_out, tail_lse = m.ha3_forward(ins[0][:, -256:], *ins[1:], 3840, True, 512, 32, 0.125)
+    out, lse, _ = m.ha3_forward(*ins, *geo)
+    tail_out, tail_lse, _ = m.ha3_forward(ins[0][:, -256:], *ins[1:], 3840, True, 512, 32, 0.125)
     assert rel_rmse(tail_out, out[:, -256:]) < 1e-2
     assert (tail_lse - lse[:, -256:]).abs().max().item() < 1e-3
     g1 = m.ha3_backward(*ins, out, lse, dout, *geo)

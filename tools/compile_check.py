@@ -90,6 +90,7 @@ class Case:
     useful: int    # of which count as useful FLOPs (bench.py's convention: backward = 2 x forward)
     note: str = ''
     whole: bool = False  # a loop-free kernel (one program = one step): count its whole code
+    split: int = 0  # tile matmuls per step that HA's split products add to the formula
     shape: dict = None   # the launch's shape (tools/program_model.py): T, causal, windows, A, dh
 
 
@@ -227,11 +228,11 @@ def analyse(case, k, arch):
     unit = 2 * case.rows * case.cols * case.hd
     rec = dict(family=case.family, kernel=case.name, arch=arch, dtype=TT[case.dtype], warps=case.warps,
                stages=case.stages, config={k: v for k, v in case.constexprs.items()
-                                           if k not in ('PREC', 'EMU', 'UP', 'DH', 'D')},
+                                           if k not in ('PREC', 'UP', 'DH', 'D')},
                note=case.note, regs=usage.get('REG', -1), spill=usage.get('STACK', 0),
                stl=sum('STL' in s for s in sass.splitlines()), smem=k.metadata.shared,
                smem_limit=SMEM_LIMIT.get(arch, SMEM_LIMIT[90]), formula=case.formula, useful=case.useful,
-               tile=(case.rows, case.cols, case.hd))
+               split_matmuls=case.split, tile=(case.rows, case.cols, case.hd))
     if loops:
         # the steady state: the largest tensor work, then the fewest instructions (unmasked)
         main = min(loops, key=lambda L: (-L['flops'], L['instr']))
@@ -265,58 +266,145 @@ def analyse(case, k, arch):
 
 
 # -----------------------------------------------------------------------------
-# the configurations the wrappers choose
+# the configurations the wrappers choose, from what the kernel modules export (their
+# tile functions and kernels): per kernel its constexprs, launch options and the step
+# of its inner loop, with the tile matmuls per step that the formula needs, of which useful
+
+def ha_plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, arch=90, causal=True):
+    """The tiles ha3_forward / ha3_backward take on that GPU (no offset)."""
+    dp, fwd, dq, dqa, da, db = ha._configs(Tq, Tk, dh, wa, wb, None, dtype, arch)
+    return dict(dp=dp, fwd=fwd, dq=dq, dqa=dqa, da=da, db=db, fused=ha._fused(dqa, Tq, Tk, 0, causal, wa))
+
+
+def ha_kernels(p, dtype):
+    """(name, kernel, configuration) of the forward and the backward kernels the plan runs."""
+    yield 'ha_fwd', ha._ha3_fwd_kernel, dict(p['fwd'], KEEP32=dtype != torch.float32)  # SPLIT: ha_cases
+    if p['fused']:
+        yield 'ha_bwd_dqa', ha._ha3_bwd_dqa_kernel, ha._launch(p['dqa'], 0)
+    else:
+        yield 'ha_bwd_dq', ha._ha3_bwd_dq_kernel, p['dq']
+        for part in p['da']['PARTS']:
+            yield (('ha_bwd_da', 'ha_bwd_dka', 'ha_bwd_dva')[part], ha._ha3_bwd_da_kernel,
+                   dict(ha._launch(p['da'], part), PART=part))
+    for part in p['db']['PARTS']:
+        yield (('ha_bwd_db', 'ha_bwd_dkb', 'ha_bwd_dvb')[part], ha._ha3_bwd_db_kernel,
+               dict(ha._launch(p['db'], part), PART=part))
+
+
+def ha_split_matmuls(name, split):
+    """Tile matmuls per step that HA's split products add to a kernel's formula: one per
+    operand taken as hi + lo ('logits': the logits', 'both': also dP's, where the kernel
+    forms dP); 'none' and 'fp16' none."""
+    if split in (0, 3):
+        return 0
+    if name == 'ha_fwd' or name in ('ha_bwd_dva', 'ha_bwd_dvb'):
+        return 1
+    return split
+
+
+def ha_step(name, c):
+    """(rows, cols, tile matmuls per step that the formula needs, of which useful by the
+    convention backward = 2 x forward) of an HA kernel. A step is one tile of (lane, b key)
+    pairs; each split operand adds one matmul (ha_split_matmuls)."""
+    if name == 'ha_fwd':
+        return c['G'] * c['BA'], c['BB'], 2, 2
+    if name == 'ha_bwd_dq':  # logits, dP, Gk = dS kb
+        return c['G'] * c['BA'], c['BB'], 3, 1
+    if name == 'ha_bwd_dqa':  # logits, dP, Gk, Gv: dq's and slot a's
+        return c['G'] * c['BA'], c['BB'], 4, 3
+    if name == 'ha_bwd_da':  # logits, dP, Gk, Gv = P vb
+        return c['JA'] * c['BU'], c['BB'], 4, 2
+    if name == 'ha_bwd_dka':  # logits, dP, Gk
+        return c['JA'] * c['BU'], c['BB'], 3, 1
+    if name == 'ha_bwd_dva':  # logits, Gv
+        return c['JA'] * c['BU'], c['BB'], 2, 1
+    if name == 'ha_bwd_dkb':  # logits^T, dP^T, dkb = dS^T A
+        return c['BB'], c['G'] * c['BA'], 3, 1
+    if name == 'ha_bwd_dvb':  # logits^T, dvb = P^T B
+        return c['BB'], c['G'] * c['BA'], 2, 0
+    return c['BB'], c['G'] * c['BA'], 4, 1  # logits^T, dP^T, dkb = dS^T A, dvb = P^T B
+
 
 def ha_cases(dtypes, dhs, geometries, split_name='', arch=90):
     """HA order 3 at T = 4096: full causal and windows (512, 32) (the GPU configs' shape),
     and one non-causal case."""
     for dtype, dh, (T, w1, w2, causal) in itertools.product(dtypes, dhs, geometries):
         swap, wa, wb = ha._geometry(T, T, 0, causal, w1, w2)
-        prec = 'ieee' if dtype == torch.float32 else 'tf32'
         split = ha.SPLITS[split_name] if split_name and dtype != torch.float32 else ha.default_split(dtype)
-        plan = ha.plan(T, T, dh, wa, wb, dtype, arch=arch, causal=causal)  # the tiles the wrapper takes on that GPU
+        plan = ha_plan(T, T, dh, wa, wb, dtype, arch=arch, causal=causal)  # the tiles the wrapper takes on that GPU
         note = f"T={T} w=({w1},{w2}){'' if causal else ' noncausal'}"
-        for kname, fn, c in ha.kernels_of(plan, dtype):
+        for kname, fn, c in ha_kernels(plan, dtype):
             c = dict(c)
             warps, stages = c.pop('num_warps'), c.pop('num_stages')
-            rows, cols, formula, useful = ha.step_shape(kname, c, split)
-            cx = dict(DH=dh, DP=plan['dp'], PREC=prec, EMU=False, **c)
+            rows, cols, formula, useful = ha_step(kname, c)
+            cx = dict(DH=dh, DP=plan['dp'], PREC=common.dot_precision(dtype), UP=False, **c)
             if 'CAUSAL' in fn.arg_names:
                 cx['CAUSAL'] = causal
             if 'SPLIT' in fn.arg_names:
                 cx['SPLIT'] = min(split, 1) if kname == 'ha_fwd' and split != 3 else split
             yield Case('ha', kname, fn, dtype, cx, warps, stages, rows, cols, plan['dp'], formula, useful, note,
+                       split=ha_split_matmuls(kname, split),
                        shape=dict(T=T, causal=causal, wa=wa, wb=wb, dh=dh, heads=HEADS))
+
+
+def hfa_cases(dtype, BD, causal, arch):
+    """HFA at A = 1..4: the forward, the dq kernel on its own tiles, dk/dv on theirs
+    (hfa_backward: R rows kept, L rows per step)."""
+    for A in [1, 2, 3, 4]:
+        base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=common.dot_precision(dtype))
+        note = f'A={A}' + ('' if causal else ' noncausal')
+        shape = dict(T=4096, causal=causal, window=0, dh=BD, heads=HEADS, A=A)
+        BM, BN, w, s = hfa.block_sizes('hfa_fwd', BD, A, dtype, arch)
+        yield Case('hfa', 'hfa_fwd', hfa._hfa_fwd, dtype, dict(base, BM=BM, BN=BN, KEEP32=dtype != torch.float32),
+                   w, s, BM, BN, BD, A + 1, A + 1, note, shape=shape)
+        R, L, w, s = hfa.block_sizes('hfa_bwd_dq', BD, A, dtype, arch)
+        yield Case('hfa', 'hfa_bwd_dq', hfa._hfa_bwd_dq, dtype, dict(base, BM=R, BN=L), w, s, R, L, BD, 2 * A + 1, A,
+                   note, shape=shape)
+        R, L, w, s = hfa.block_sizes('hfa_bwd', BD, A, dtype, arch)
+        yield Case('hfa', 'hfa_bwd_dkdv', hfa._hfa_bwd_dkdv, dtype, dict(base, BM=L, BN=R), w, s, R, L, BD,
+                   2 * A + 2, A + 2, note, shape=shape)
+
+
+def linear_cases(dtype, BD, causal, arch):
+    """Linear attention with and without linear_norm: the quadratic kernels, and where causal
+    the chunked ones (full causal self-attention at long T). A chunked tile matmul is
+    (BT x BD) @ (BD x BT); a step of its output and gradient kernels is one chunk (the whole
+    program), of the state pass one chunk's dh x dh update. The chunked form's FLOPs are
+    all useful: it computes the formula, regrouped."""
+    prec = common.dot_precision(dtype)
+    shape = dict(T=4096, causal=causal, window=0, dh=BD, heads=HEADS)
+    for norm in [False, True]:
+        base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
+        note = f'norm={norm}' + ('' if causal else ' noncausal')
+        BM, BN, w, s = lin.block_sizes('linear_fwd', BD, dtype, arch)
+        yield Case('linear', 'linear_fwd', lin._linear_fwd, dtype, dict(base, BM=BM, BN=BN), w, s, BM, BN, BD, 2, 2,
+                   note, shape=shape)
+        BM, BN, w, s = lin.block_sizes('linear_bwd', BD, dtype, arch)
+        for name, fn, formula, useful in (('linear_bwd_dq', lin._linear_bwd_dq, 2, 1),
+                                          ('linear_bwd_dkdv', lin._linear_bwd_dkdv, 4, 3)):
+            yield Case('linear', name, fn, dtype, dict(base, BM=BM, BN=BN), w, s, BM, BN, BD, formula, useful, note,
+                       shape=shape)
+        if not causal:
+            continue
+        BT, (w, s) = lin_chunked.chunk_size(dtype, arch), lin_chunked._launch(BD, arch)
+        meta = dict(D=BD, BD=BD, BT=BT, UP=False, PREC=prec)
+        r = BD / BT  # a product with a dh x dh state, in tile matmuls
+        for name, fn, cx, formula in (
+                ('linear_chunk_states', lin_chunked._states, dict(NORM_Y=False, REVERSE=False), r),
+                ('linear_chunk_states_rev', lin_chunked._states, dict(NORM_Y=norm, REVERSE=True), r),
+                ('linear_chunk_fwd', lin_chunked._chunk_fwd, dict(NORM=norm), 2 + r),
+                ('linear_chunk_bwd_dq', lin_chunked._chunk_bwd_dq, dict(NORM=norm), 2 + r),
+                ('linear_chunk_bwd_dkdv', lin_chunked._chunk_bwd_dkdv, dict(NORM=norm), 4 + 2 * r)):
+            yield Case('linear_chunked', name, fn, dtype, dict(meta, **cx), w, s, BT, BT, BD, formula, formula,
+                       f'norm={norm}', whole=name != 'linear_chunk_states', shape=shape)
 
 
 def hfa_linear_cases(dtypes, bds, causals, families, arch=90):
     for dtype, BD, causal in itertools.product(dtypes, bds, causals):
-        prec = common.dot_precision(dtype)
-        nc = '' if causal else ' noncausal'
-        shape = dict(T=4096, causal=causal, window=0, dh=BD, heads=HEADS)
         if 'hfa' in families:
-            for A in [1, 2, 3, 4]:
-                base = dict(A=A, CAUSAL=causal, D=BD, BD=BD, UP=False, PREC=prec)
-                BM, BN, w, s = common.block_sizes('hfa_fwd', BD, A, dtype, arch)
-                for kname, fn, cx, formula, useful in hfa.compiled_kernels('fwd', base, BM, BN, dtype):
-                    yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful, f'A={A}' + nc,
-                               shape=dict(shape, A=A))
-                for kind in ('hfa_bwd_dq', 'hfa_bwd'):  # dq's own tiles, then dk/dv's
-                    BM, BN, w, s = common.block_sizes(kind, BD, A, dtype, arch)
-                    for kname, fn, cx, formula, useful in hfa.compiled_kernels('bwd', base, BM, BN, dtype):
-                        if (kname == 'hfa_bwd_dq') == (kind == 'hfa_bwd_dq'):
-                            yield Case('hfa', kname, fn, dtype, cx, w, s, BM, BN, BD, formula, useful,
-                                       f'A={A}' + nc, shape=dict(shape, A=A))
+            yield from hfa_cases(dtype, BD, causal, arch)
         if 'linear' in families:
-            for norm in [False, True]:
-                base = dict(CAUSAL=causal, NORM=norm, D=BD, BD=BD, UP=False, PREC=prec)
-                for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin.compiled_kernels(base, BD, dtype, arch):
-                    yield Case('linear', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
-                               f'norm={norm}' + nc, shape=shape)
-                if causal:  # the chunked kernel (full causal self-attention at long T)
-                    for kname, fn, cx, (w, s), (rows, cols), formula, useful in lin_chunked.compiled_kernels(base, BD, dtype, arch):
-                        yield Case('linear_chunked', kname, fn, dtype, cx, w, s, rows, cols, BD, formula, useful,
-                                   f'norm={norm}', whole=kname != 'linear_chunk_states', shape=shape)
+            yield from linear_cases(dtype, BD, causal, arch)
 
 
 def cases(args, arch=90):

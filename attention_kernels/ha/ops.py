@@ -78,19 +78,13 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
     from attention_kernels.ha.triton import ha3_forward
     args = (q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
 
-    def kernel(*a):
-        return ha3_forward(*a, return_fp32=True)
-
-    def stand_in(*a):
-        return fallback.ha3_forward(*a, return_fp32=True)
-
     def wrong(result):
         n, xs, sdpa_qkv, geometry = _check_args(*args)
         return guard.wrong_output(result[0][:n], lambda *t: torch_ha.ha3_forward(*t, *args[5:])[0], xs, sdpa_qkv,
                                   geometry)
 
-    out, lse, out32 = guard.run('ha3_forward', _config(q, k1, offset, causal, window1, window2), kernel, stand_in,
-                                args, strict=strict, check=check, wrong=wrong)
+    out, lse, out32 = guard.run('ha3_forward', _config(q, k1, offset, causal, window1, window2), ha3_forward,
+                                fallback.ha3_forward, args, strict=strict, check=check, wrong=wrong)
     return out, lse, or_empty(out32, q)
 
 

@@ -70,10 +70,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import arch_of, device_of
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from attention_kernels.triton_common import (LN2, LOG2E, _cast, _mm, arch_of, check_inputs, device_of, dot_precision,
+                                             head_block, upcast_dots)
 
 
 # -----------------------------------------------------------------------------
@@ -115,62 +113,47 @@ def _gather(base, rows, ok, d, DH: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _lowp(x, dt: tl.constexpr, EMU: tl.constexpr):
-    """float32 x rounded to the matmul input dtype dt. EMU (bf16 under Triton's CPU
-    interpreter, whose bf16 casts truncate and whose bf16 dots multiply the raw bits):
-    float32 holding x rounded to nearest-even bf16, which the GPU computes natively."""
-    if EMU and dt == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
-        y = b.to(tl.float32, bitcast=True)
-    else:
-        y = x.to(dt)
-    return y
-
-
-@triton.jit
-def _split(x, dt: tl.constexpr, EMU: tl.constexpr, ON: tl.constexpr, F16: tl.constexpr = False):
+def _split(x, dt: tl.constexpr, UP: tl.constexpr, ON: tl.constexpr, F16: tl.constexpr = False):
     """float32 x as hi + lo in the matmul dtype: a product of two bf16 (or fp16) numbers is
     then held almost exactly, where hi alone would round it to 8 (11) bits. ON False: lo is
     hi and unused (the dots then take hi alone). F16 (SPLIT 3): hi is x in float16 (11
     bits; the caller has scaled x into its range) for the logit and dP matmuls, lo is x
     in dt for the matmuls that sum over lanes (slot b's dk and dv)."""
     if F16:
-        hi = _lowp(x, tl.float16, EMU)
-        lo = _lowp(x, dt, EMU)
+        hi = _cast(x, tl.float16, UP)
+        lo = _cast(x, dt, UP)
     else:
-        hi = _lowp(x, dt, EMU)
+        hi = _cast(x, dt, UP)
         lo = hi
         if ON:
-            lo = _lowp(x - hi.to(tl.float32), dt, EMU)
+            lo = _cast(x - hi.to(tl.float32), dt, UP)
     return hi, lo
 
 
 @triton.jit
-def _pair_dot(hi, lo, bT, SPLIT: tl.constexpr, PREC: tl.constexpr):
+def _pair_dot(hi, lo, bT, SPLIT: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """(hi + lo) @ bT with float32 accumulation; SPLIT False: hi @ bT."""
     if SPLIT:
-        acc = tl.dot(lo, bT, input_precision=PREC)
-        acc = tl.dot(hi, bT, acc, input_precision=PREC)
+        acc = _mm(lo, bT, UP, PREC)
+        acc = _mm(hi, bT, UP, PREC, acc)
     else:
-        acc = tl.dot(hi, bT, input_precision=PREC)
+        acc = _mm(hi, bT, UP, PREC)
     return acc
 
 
 @triton.jit
-def _pair_dot_t(b, hi, lo, SPLIT: tl.constexpr, PREC: tl.constexpr):
+def _pair_dot_t(b, hi, lo, SPLIT: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """b @ (hi + lo)^T with float32 accumulation; SPLIT False: b @ hi^T."""
     if SPLIT:
-        acc = tl.dot(b, tl.trans(lo), input_precision=PREC)
-        acc = tl.dot(b, tl.trans(hi), acc, input_precision=PREC)
+        acc = _mm(b, tl.trans(lo), UP, PREC)
+        acc = _mm(b, tl.trans(hi), UP, PREC, acc)
     else:
-        acc = tl.dot(b, tl.trans(hi), input_precision=PREC)
+        acc = _mm(b, tl.trans(hi), UP, PREC)
     return acc
 
 
 @triton.jit
-def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.constexpr,
-              EMU: tl.constexpr):
+def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.constexpr):
     """Key rows j (BB,) as a (BB, DP) tile in the input dtype; MASKED: rows >= j_end read 0."""
     ptr = base + j[:, None] * DH + d[None, :]
     if MASKED:
@@ -183,8 +166,6 @@ def _key_tile(base, j, j_end, d, DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.
             x = tl.load(ptr)
         else:
             x = tl.load(ptr, mask=d[None, :] < DH, other=0.0)
-    if EMU and base.dtype.element_ty == tl.bfloat16:
-        x = x.to(tl.float32)
     return x
 
 
@@ -234,14 +215,14 @@ def _head_scales(SC, n, qk_scale, SPLIT: tl.constexpr):
 @triton.jit
 def _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, j0, j1, Wb, d, u,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr,
-               MASKED: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, SPLIT: tl.constexpr):
+               MASKED: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
     """Online softmax of the lanes A (R, DP) over b keys [j0, j1); the base-2 logits are
     u times the matmul's (m in the matmul's units; u is 1.0 but for SPLIT 3)."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
-        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
-        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
-        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT == 1 or SPLIT == 2, PREC)
+        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED)
+        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED)
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT == 1 or SPLIT == 2, UP, PREC)
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
         m_new = tl.maximum(m, tl.max(S, 1))
@@ -249,7 +230,7 @@ def _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, j0, j1, Wb, d, u,
         P = tl.math.exp2(S * u - (m_use * u)[:, None])
         alpha = tl.math.exp2((m - m_use) * u)
         l = l * alpha + tl.sum(P, 1)
-        acc = tl.dot(_lowp(P, VB.dtype.element_ty, EMU), vb, acc * alpha[:, None], input_precision=PREC)
+        acc = _mm(_cast(P, VB.dtype.element_ty, UP), vb, UP, PREC, acc * alpha[:, None])
         m = m_new
     return m, l, acc
 
@@ -258,7 +239,7 @@ def _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, j0, j1, Wb, d, u,
 def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE, SC,
                     Tq, Tk, offset, Wa, Wb, qk_scale,
                     CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                    G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr,
+                    G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr,
                     KEEP32: tl.constexpr, SPLIT: tl.constexpr):
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
@@ -293,14 +274,14 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE, SC,
         tp = tb + t_r
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
-        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, EMU,
+        A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, UP,
                          SPLIT == 1, SPLIT == 3)
         m = tl.full((R,), float('-inf'), tl.float32)
         l = tl.zeros((R,), tl.float32)
         acc = tl.zeros((R, DP), tl.float32)
-        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, u, DH, DP, BB, True, PREC, EMU, SPLIT)
-        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, u, DH, DP, BB, False, PREC, EMU, SPLIT)
-        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, u, DH, DP, BB, True, PREC, EMU, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lo, lead_end, Wb, d, u, DH, DP, BB, True, UP, PREC, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, lead_end, mid_end, Wb, d, u, DH, DP, BB, False, UP, PREC, SPLIT)
+        m, l, acc = _fwd_sweep(A, A_lo, m, l, acc, KB, VB, p_r, mid_end, hi, Wb, d, u, DH, DP, BB, True, UP, PREC, SPLIT)
         # merge the lanes of each query: lane r holds sum_jb exp2(s - m_r) vb, times va
         m = tl.where(ok, m, float('-inf'))
         c = acc * _gather(VA, ja, ok, d, DH, DP)
@@ -317,9 +298,9 @@ def _ha3_fwd_kernel(Q, KA, KB, VA, VB, O, O32, LSE, SC,
     seen = L > 0
     L_div = tl.where(seen, L, 1.0)
     out = tl.where(seen[:, None], Oacc / L_div[:, None], 0.0)
-    lse = tl.where(seen, (M * u + tl.log2(L_div)) * 0.6931471805599453, float('-inf'))
+    lse = tl.where(seen, (M * u + tl.log2(L_div)) * LN2, float('-inf'))
     o_mask = (gi < Tq)[:, None] & (d[None, :] < DH)
-    tl.store(O + gi[:, None] * DH + d[None, :], _lowp(out, dt, EMU).to(dt), mask=o_mask)
+    tl.store(O + gi[:, None] * DH + d[None, :], _cast(out, dt, UP), mask=o_mask)
     if KEEP32:  # for backward's D_i = dO_i . out_i (the rounded output adds gradient error)
         tl.store(O32 + gi[:, None] * DH + d[None, :], out, mask=o_mask)
     tl.store(LSE + gi, lse, mask=gi < Tq)
@@ -341,7 +322,7 @@ def _lane_stats(LSE, DELTA, i_r, ok):
     """Per-lane base-2 logsumexp (+inf where the lane is not a visible pair or its query
     sees nothing, so that its probabilities are exactly 0) and D = dO . out."""
     lse = tl.load(LSE + i_r, mask=ok, other=0.0)
-    lse2 = tl.where(ok & (lse > float('-inf')), lse * 1.4426950408889634, float('inf'))
+    lse2 = tl.where(ok & (lse > float('-inf')), lse * LOG2E, float('inf'))
     delta = tl.load(DELTA + i_r, mask=ok, other=0.0)
     return lse2, delta
 
@@ -349,31 +330,31 @@ def _lane_stats(LSE, DELTA, i_r, ok):
 @triton.jit
 def _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, j0, j1, Wb, d, u,
                DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, MASKED: tl.constexpr,
-               PART: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+               PART: tl.constexpr, SPLIT: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """Over b keys [j0, j1), per lane: Gk += dS @ kb (PART 0, 1) and Gv += P @ vb (PART 0, 2;
     PART 3: Gk only, for dq). Gv alone needs no dP."""
     for s in range(j0, j1, BB):
         j = s + tl.arange(0, BB)
-        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED, EMU)
-        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED, EMU)
-        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT == 1 or SPLIT == 2, PREC)
+        kb = _key_tile(KB, j, j1, d, DH, DP, MASKED)
+        vb = _key_tile(VB, j, j1, d, DH, DP, MASKED)
+        S = _pair_dot(A, A_lo, tl.trans(kb), SPLIT == 1 or SPLIT == 2, UP, PREC)
         S = S * u - lse2[:, None]
         if MASKED:
             S = tl.where(_visible(j, p_r, Wb) & (j < j1)[None, :], S, float('-inf'))
         P = tl.math.exp2(S)
         if PART != 2:
-            dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT == 2, PREC)
+            dP = _pair_dot(Bm, Bm_lo, tl.trans(vb), SPLIT == 2, UP, PREC)
             dS = P * (dP - delta[:, None])
-            Gk = tl.dot(_lowp(dS, KB.dtype.element_ty, EMU), kb, Gk, input_precision=PREC)
+            Gk = _mm(_cast(dS, KB.dtype.element_ty, UP), kb, UP, PREC, Gk)
         if PART == 0 or PART == 2:
-            Gv = tl.dot(_lowp(P, VB.dtype.element_ty, EMU), vb, Gv, input_precision=PREC)
+            Gv = _mm(_cast(P, VB.dtype.element_ty, UP), vb, UP, PREC, Gv)
     return Gk, Gv
 
 
 @triton.jit
 def _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
                 R: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr, BB: tl.constexpr, PART: tl.constexpr,
-                SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr):
+                SPLIT: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr):
     """Per lane (i_r, ja) at positions p_r in [p_min, p_max], over every b key it sees:
     (Gk, Gv) = (dS @ kb, P @ vb) as _bwd_sweep's PART asks (Gv is Gk, unused, when PART
     asks for Gk alone). SPLIT 3: the sweep's sums are in float16's scaled units (dS / w,
@@ -381,18 +362,18 @@ def _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p
     dt = Q.dtype.element_ty
     s_lane, u, gk, _ = _head_scales(SC, n, qk_scale, SPLIT)
     lo, lead_end, mid_end, hi = _column_regions(p_min, p_max, Tk, Wb, BB)
-    A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, EMU,
+    A, A_lo = _split(_gather(Q, i_r, ok, d, DH, DP) * s_lane * _gather(KA, ja, ok, d, DH, DP), dt, UP,
                      SPLIT == 1 or SPLIT == 2, SPLIT == 3)
-    Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, EMU,
+    Bm, Bm_lo = _split(_gather(DO, i_r, ok, d, DH, DP) * _gather(VA, ja, ok, d, DH, DP), dt, UP,
                        SPLIT == 2 and PART != 2, SPLIT == 3)
     lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
     Gk = tl.zeros((R, DP), tl.float32)
     Gv = Gk  # carried unchanged (never a second accumulator) when only Gk is asked for
     if PART == 0 or PART == 2:
         Gv = tl.zeros((R, DP), tl.float32)
-    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, u, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
-    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, u, DH, DP, BB, False, PART, SPLIT, PREC, EMU)
-    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, u, DH, DP, BB, True, PART, SPLIT, PREC, EMU)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lo, lead_end, Wb, d, u, DH, DP, BB, True, PART, SPLIT, UP, PREC)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, lead_end, mid_end, Wb, d, u, DH, DP, BB, False, PART, SPLIT, UP, PREC)
+    Gk, Gv = _bwd_sweep(A, A_lo, Bm, Bm_lo, lse2, delta, Gk, Gv, KB, VB, p_r, mid_end, hi, Wb, d, u, DH, DP, BB, True, PART, SPLIT, UP, PREC)
     if SPLIT == 3:
         w = tl.load(W + i_r, mask=ok, other=1.0)
         Gk = Gk * (w * gk)[:, None]
@@ -406,7 +387,7 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                       PREC: tl.constexpr, EMU: tl.constexpr):
+                       UP: tl.constexpr, PREC: tl.constexpr):
     R: tl.constexpr = G * BA
     n = tl.program_id(1).to(tl.int64)
     i0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * G
@@ -431,12 +412,12 @@ def _ha3_bwd_dq_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ,
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
         Gk, _ = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
-                            R, DH, DP, BB, 3, SPLIT, PREC, EMU)
+                            R, DH, DP, BB, 3, SPLIT, UP, PREC)
         # re-read rather than hold ka through the sweeps (registers)
         dq += tl.sum(tl.reshape(_gather(KA, ja, ok, d, DH, DP) * Gk, (G, BA, DP)), 1)
 
     gi = i0 + tl.arange(0, G)
-    tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
+    tl.store(DQ + gi[:, None] * DH + d[None, :], _cast(dq * scale, dt, UP),
              mask=(gi < Tq)[:, None] & (d[None, :] < DH))
 
 
@@ -445,7 +426,7 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKA, DVA,
                        Tq, Tk, offset, Wa, Wb, qk_scale, scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        JA: tl.constexpr, BU: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                       PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+                       UP: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr):
     """PART 0: dka and dva; 1: dka only; 2: dva only (two launches where one kernel holding
     both lane accumulators would spill, head size 128 and up)."""
     R: tl.constexpr = JA * BU
@@ -483,7 +464,7 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKA, DVA,
         ok = (ja_r < Tk) & (i_r >= 0) & (i_r < Tq) & (up < Wa)
         p_r = _pos(i_r, offset, Tk, CAUSAL)
         Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja_r, ok, p_r, p_min, p_max, Tk, Wb, qk_scale, d,
-                             R, DH, DP, BB, PART, SPLIT, PREC, EMU)
+                             R, DH, DP, BB, PART, SPLIT, UP, PREC)
         if PART != 2:
             dk += tl.sum(tl.reshape(_gather(Q, i_r, ok, d, DH, DP) * Gk, (JA, BU, DP)), 1)
         if PART != 1:
@@ -492,9 +473,9 @@ def _ha3_bwd_da_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKA, DVA,
     jo = ja0 + tl.arange(0, JA)
     mask = (jo < Tk)[:, None] & (d[None, :] < DH)
     if PART != 2:
-        tl.store(DKA + jo[:, None] * DH + d[None, :], _lowp(dk * scale, dt, EMU).to(dt), mask=mask)
+        tl.store(DKA + jo[:, None] * DH + d[None, :], _cast(dk * scale, dt, UP), mask=mask)
     if PART != 1:
-        tl.store(DVA + jo[:, None] * DH + d[None, :], _lowp(dv, dt, EMU).to(dt), mask=mask)
+        tl.store(DVA + jo[:, None] * DH + d[None, :], _cast(dv, dt, UP), mask=mask)
 
 
 @triton.jit
@@ -514,7 +495,7 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ, PK, PV,
                         Tq, Tk, offset, Wa, Wb, qk_scale, scale, plane_stride,
                         DH: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, BA: tl.constexpr,
                         BB: tl.constexpr, NG: tl.constexpr, SPLIT: tl.constexpr,
-                        PREC: tl.constexpr, EMU: tl.constexpr):
+                        UP: tl.constexpr, PREC: tl.constexpr):
     """dq and slot a's gradients in one sweep (causal; every query's a keys in one lane tile,
     i.e. min(Wa, Tk) <= BA). The lanes (i, ja) of a query group give Gk = dS @ kb and
     Gv = P @ vb once; summed along ja they are dq (owned: the group's queries are this
@@ -549,11 +530,11 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ, PK, PV,
         ja = p_r - tp
         ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
         Gk, Gv = _lane_grads(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, n, i_r, ja, ok, p_r, p_lo, p_hi, Tk, Wb, qk_scale, d,
-                             R, DH, DP, BB, 0, SPLIT, PREC, EMU)
+                             R, DH, DP, BB, 0, SPLIT, UP, PREC)
         # re-read rather than hold ka, q and dO through the sweeps (registers)
         dq = tl.sum(tl.reshape(_rows(KA, ja, ok, d, DH, DP).to(tl.float32) * Gk, (G, BA, DP)), 1)
         gi = s + tl.arange(0, G)
-        tl.store(DQ + gi[:, None] * DH + d[None, :], _lowp(dq * scale, dt, EMU).to(dt),
+        tl.store(DQ + gi[:, None] * DH + d[None, :], _cast(dq * scale, dt, UP),
                  mask=(gi < s_end)[:, None] & (d[None, :] < DH))
         _add_lanes(PK, ja, ok, _rows(Q, i_r, ok, d, DH, DP).to(tl.float32) * Gk, g_r, d, G, DH)
         _add_lanes(PV, ja, ok, _rows(DO, i_r, ok, d, DH, DP).to(tl.float32) * Gv, g_r, d, G, DH)
@@ -562,23 +543,23 @@ def _ha3_bwd_dqa_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DQ, PK, PV,
 @triton.jit
 def _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, ja, ok, Wb, s_lane, u, d,
              DH: tl.constexpr, DP: tl.constexpr, MASKED: tl.constexpr, LANES: tl.constexpr,
-             SPLIT: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+             SPLIT: tl.constexpr, UP: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr):
     """One lane tile, queries i_r at positions p_r and a keys ja, against the b-key block j. LANES: some lanes may be no visible pair (ok says which); else every
     lane is one and nothing is masked (slot b forms its lanes anew at every step, so their
     masks cost as much as a fifth of its instructions)."""
     dt = KA.dtype.element_ty
     # each product rounded before the next is formed (two float32 tiles at once spilled)
     A, A_lo = _split(_rows(Q, i_r, ok, d, DH, DP, LANES).to(tl.float32) * s_lane
-                     * _rows(KA, ja, ok, d, DH, DP, LANES).to(tl.float32), dt, EMU, SPLIT == 1 or SPLIT == 2, SPLIT == 3)
+                     * _rows(KA, ja, ok, d, DH, DP, LANES).to(tl.float32), dt, UP, SPLIT == 1 or SPLIT == 2, SPLIT == 3)
     Bm, Bm_lo = _split(_rows(DO, i_r, ok, d, DH, DP, LANES).to(tl.float32)
-                       * _rows(VA, ja, ok, d, DH, DP, LANES).to(tl.float32), dt, EMU, SPLIT == 2 and PART != 2,
+                       * _rows(VA, ja, ok, d, DH, DP, LANES).to(tl.float32), dt, UP, SPLIT == 2 and PART != 2,
                        SPLIT == 3)
     if LANES:
         lse2, delta = _lane_stats(LSE, DELTA, i_r, ok)
     else:  # a visible pair per lane: its query sees something, so lse is finite
-        lse2 = tl.load(LSE + i_r) * 1.4426950408889634
+        lse2 = tl.load(LSE + i_r) * LOG2E
         delta = tl.load(DELTA + i_r)
-    ST = _pair_dot_t(kb, A, A_lo, SPLIT == 1 or SPLIT == 2, PREC)  # (BB, R)
+    ST = _pair_dot_t(kb, A, A_lo, SPLIT == 1 or SPLIT == 2, UP, PREC)  # (BB, R)
     ST = ST * u - lse2[None, :]
     if MASKED:
         ST = tl.where((j[:, None] <= p_r[None, :]) & (p_r[None, :] - j[:, None] < Wb), ST, float('-inf'))
@@ -589,11 +570,11 @@ def _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, ja, ok, Wb,
     else:
         Bm_sum = Bm
     if PART != 2:
-        dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT == 2, PREC)
+        dPT = _pair_dot_t(vb, Bm, Bm_lo, SPLIT == 2, UP, PREC)
         dST = PT * (dPT - delta[None, :])
-        dk = tl.dot(_lowp(dST, dt, EMU), A, dk, input_precision=PREC)
+        dk = _mm(_cast(dST, dt, UP), A, UP, PREC, dk)
     if PART != 1:
-        dv = tl.dot(_lowp(PT, dt, EMU), Bm_sum, dv, input_precision=PREC)
+        dv = _mm(_cast(PT, dt, UP), Bm_sum, UP, PREC, dv)
     return dk, dv
 
 
@@ -602,7 +583,7 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
                Tk, offset, Wa, Wb, s_lane, u, d,
                CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                G: tl.constexpr, BA: tl.constexpr, MASKED: tl.constexpr, SPLIT: tl.constexpr,
-               PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+               UP: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr):
     """Accumulate into the b-key block j the lane tiles of queries [i_start, i_end):
     dk (PART 0, 1) and dv (PART 0, 2; needs no dP). SPLIT 3: kb, vb and the lanes' hi are
     float16 in scaled units, LSE carries w (P here is P w: see _f16_rows), and dk, dv sum
@@ -631,13 +612,13 @@ def _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_start, i_end,
             t_all = t_lo + n_all * BA
             for tb in range(t_lo, t_all, BA):
                 dk, dv = _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, p_r - (tb + t_r), every, Wb,
-                                  s_lane, u, d, DH, DP, MASKED, False, SPLIT, PREC, EMU, PART)
+                                  s_lane, u, d, DH, DP, MASKED, False, SPLIT, UP, PREC, PART)
         for tb in range(t_all, t_hi, BA):
             tp = tb + t_r
             ja = p_r - tp
             ok = q_ok & (ja >= 0) & (ja < Tk) & (tp < Wa)
             dk, dv = _db_step(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_r, p_r, ja, ok, Wb, s_lane, u,
-                              d, DH, DP, MASKED, True, SPLIT, PREC, EMU, PART)
+                              d, DH, DP, MASKED, True, SPLIT, UP, PREC, PART)
     return dk, dv
 
 
@@ -646,7 +627,7 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKB, DVB,
                        Tq, Tk, offset, Wa, Wb, qk_scale,
                        CAUSAL: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
                        G: tl.constexpr, BA: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                       PREC: tl.constexpr, EMU: tl.constexpr, PART: tl.constexpr):
+                       UP: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr):
     """PART 0: dkb and dvb; 1: dkb only; 2: dvb only (as the slot-a kernel)."""
     n = tl.program_id(1).to(tl.int64)
     c0 = tl.program_id(0) * BB
@@ -658,8 +639,8 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKB, DVB,
 
     d = tl.arange(0, DP)
     j = c0 + tl.arange(0, BB)
-    kb = _key_tile(KB, j, Tk, d, DH, DP, True, EMU)
-    vb = _key_tile(VB, j, Tk, d, DH, DP, True, EMU)
+    kb = _key_tile(KB, j, Tk, d, DH, DP, True)
+    vb = _key_tile(VB, j, Tk, d, DH, DP, True)
     # Keys j >= Tk own rows that are never stored, so they need no mask. Queries in
     # [mid_lo, mid_hi) see the whole block: p >= c_last and p - c0 < Wb.
     c_last = tl.minimum(c0 + BB, Tk) - 1
@@ -678,21 +659,21 @@ def _ha3_bwd_db_kernel(Q, KA, KB, VA, VB, DO, LSE, DELTA, W, SC, DKB, DVB,
     if PART != 1:
         dv = tl.zeros((BB, DP), tl.float32)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, i_lo, mid_lo,
-                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
+                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, True, SPLIT, UP, PREC, PART)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_lo, mid_hi,
-                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, False, SPLIT, PREC, EMU, PART)
+                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, False, SPLIT, UP, PREC, PART)
     dk, dv = _db_region(dk, dv, kb, vb, j, Q, KA, VA, DO, LSE, DELTA, mid_hi, i_hi,
-                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, True, SPLIT, PREC, EMU, PART)
+                        Tk, offset, Wa, Wb, s_lane, u, d, CAUSAL, DH, DP, G, BA, True, SPLIT, UP, PREC, PART)
     mask = (j < Tk)[:, None] & (d[None, :] < DH)
     # the lanes carry s_lane (scale * log2(e) but for SPLIT 3): dkb = scale * dS^T @ (q * ka)
     # = (qk_scale ln(2) / s_lane) * dS^T @ A
-    k_scale = 0.6931471805599453
+    k_scale = LN2
     if SPLIT == 3:
-        k_scale = qk_scale * 0.6931471805599453 / s_lane
+        k_scale = qk_scale * LN2 / s_lane
     if PART != 2:
-        tl.store(DKB + j[:, None] * DH + d[None, :], _lowp(dk * k_scale, dt, EMU).to(dt), mask=mask)
+        tl.store(DKB + j[:, None] * DH + d[None, :], _cast(dk * k_scale, dt, UP), mask=mask)
     if PART != 1:
-        tl.store(DVB + j[:, None] * DH + d[None, :], _lowp(dv * dvb, dt, EMU).to(dt), mask=mask)
+        tl.store(DVB + j[:, None] * DH + d[None, :], _cast(dv * dvb, dt, UP), mask=mask)
 
 
 # -----------------------------------------------------------------------------
@@ -727,12 +708,6 @@ def _warps(rows):
     columns and recompute the softmax operands). Fewer rows (short sequences): mma.sync,
     a warp per 16 rows."""
     return max(1, min(8, rows // 16))
-
-
-def _modes(dtype):
-    """(dot input precision, bf16 emulation) for the input dtype."""
-    emu = _INTERPRET and dtype == torch.bfloat16
-    return ('ieee' if dtype == torch.float32 or emu else 'tf32'), emu
 
 
 SPLITS = {'none': 0, 'logits': 1, 'both': 2, 'fp16': 3}
@@ -799,7 +774,7 @@ def _configs(Tq, Tk, dh, wa, wb, override=None, dtype=torch.bfloat16, arch=90):
     sequences need. `override` (tests): flat keys G, BA (lane kernels), BB (their column
     blocks), JA, BU (slot-a kernel), BBD (the slot-b kernel's key rows), num_warps,
     num_stages, applied to every kernel they fit."""
-    dp = max(16, _pow2(dh))
+    dp = head_block(dh)
     span_b = min(wb, Tk)
     t = _tile_table(dtype, arch)[dp]
     parts = (1, 2) if dp >= SPLIT_DA_FROM else (0,)
@@ -871,12 +846,7 @@ def _check(q, ks_vs, what):
         if t.dim() != 3 or t.size(0) != N or t.size(1) != Tk or t.size(2) != dh:
             raise ValueError(f"{what}: k1, k2, v1, v2 must all be (N, Tk, dh) = ({N}, Tk, {dh}), "
                              f"got {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise ValueError(f"{what}: all inputs must share q's dtype {q.dtype}, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{what}: all inputs must be on q's device {q.device}, got {t.device}")
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"{what}: dtype {q.dtype} unsupported; use float32, float16 or bfloat16")
+    check_inputs(what, q, *ks_vs)
     if not 1 <= dh <= 256:
         raise ValueError(f"{what}: head size {dh} unsupported; 1 <= dh <= 256")
 
@@ -934,13 +904,12 @@ def _f16_rows(dout, delta, lse, e_va, e_vb, dp):
             (lse - torch.log(w)).contiguous())
 
 
-def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, return_fp32=False,
-                split_products=None):
+def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, config=None, split_products=None):
     """Order-3 HyperAttention forward. q (N, Tq, dh); k1, k2, v1, v2 (N, Tk, dh), one dtype
-    (fp32, bf16 or fp16). Returns out (N, Tq, dh) in that dtype and lse (N, Tq) float32,
-    the logsumexp of the scaled logits over the visible pairs (-inf where there is none);
-    with return_fp32 also the output in float32 (bf16/fp16 inputs; None for fp32), which
-    ha3_backward takes as `out` for a more accurate D_i = dO_i . out_i. split_products:
+    (fp32, bf16 or fp16). Returns out (N, Tq, dh) in that dtype, lse (N, Tq) float32, the
+    logsumexp of the scaled logits over the visible pairs (-inf where there is none), and
+    the output in float32 for bf16/fp16 inputs (else None), which ha3_backward takes as
+    `out` for a more accurate D_i = dO_i . out_i (as hfa_forward). split_products:
     'logits' or 'both' form the logits from the lane product q*ka as hi + lo, 'fp16' in
     scaled float16 (see ha3_backward; pass the same to it). `config` overrides block sizes
     (tests)."""
@@ -949,23 +918,22 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
     N, Tq, dh = q.shape
     Tk = k1.size(1)
     out = torch.empty_like(q)
-    keep = return_fp32 and q.dtype != torch.float32
+    keep = q.dtype != torch.float32
     out32 = torch.empty(q.shape, dtype=torch.float32, device=q.device) if keep else None
     lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
-    result = (out, lse, out32) if return_fp32 else (out, lse)
     if N * Tq == 0:
-        return result
+        return out, lse, out32
     if Tk == 0:
         out.zero_(), lse.fill_(float('-inf'))
         if keep:
             out32.zero_()
-        return result
+        return out, lse, out32
     swap, wa, wb = _geometry(Tq, Tk, offset, causal, window1, window2)
     ka, kb, va, vb = (k2, k1, v2, v1) if swap else (k1, k2, v1, v2)
     dp, c, _, _, _, _ = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q))
-    prec, emu = _modes(q.dtype)
+    prec, up = dot_precision(q.dtype), upcast_dots(q.dtype)
     split = _split_mode(split_products, q.dtype)
-    qk_scale = float(scale) * LOG2E
+    qk_scale = float(scale) * LOG2E.value
     sc = lse  # unread unless split is 3
     if split == 3:
         kb, _, _, _, sc = _f16_scales(q, ka, kb, va, vb, qk_scale, backward=False)
@@ -973,9 +941,9 @@ def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale, *, c
         for h in _head_chunks(N):
             _ha3_fwd_kernel[(triton.cdiv(Tq, c['G']), h.stop - h.start)](
                 q[h], ka[h], kb[h], va[h], vb[h], out[h], (out32 if keep else out)[h], lse[h], sc[h], Tq, Tk,
-                offset, wa, wb, qk_scale, CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, EMU=emu, KEEP32=keep,
+                offset, wa, wb, qk_scale, CAUSAL=bool(causal), DH=dh, DP=dp, PREC=prec, UP=up, KEEP32=keep,
                 SPLIT=split if split == 3 else min(split, 1), **c)
-    return result
+    return out, lse, out32
 
 
 def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale,
@@ -1005,9 +973,9 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
     dka, dkb, dva, dvb = (dk2, dk1, dv2, dv1) if swap else (dk1, dk2, dv1, dv2)
     dp, _, cq, cf, ca, cb = _configs(Tq, Tk, dh, wa, wb, config, q.dtype, arch_of(q))
     fused = _fused(cf, Tq, Tk, offset, causal, wa)
-    prec, emu = _modes(q.dtype)
-    common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu)
-    qk_scale = float(scale) * LOG2E
+    prec, up = dot_precision(q.dtype), upcast_dots(q.dtype)
+    common = dict(CAUSAL=bool(causal), DH=dh, DP=dp, SPLIT=split, PREC=prec, UP=up)
+    qk_scale = float(scale) * LOG2E.value
     w, sc, lse_b = lse, lse, lse  # unread unless split is 3
     if split == 3:  # the float16 operands and their scales (see _f16_scales, _f16_rows)
         kb, vb, e_va, e_vb, sc = _f16_scales(q, ka, kb, va, vb, qk_scale)
@@ -1020,7 +988,7 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
             if fused:
                 _ha3_bwd_dqa_kernel[(triton.cdiv(Tq, cf['NG'] * cf['G']), h.stop - h.start)](
                     *ins, dq[h], planes[0][:, h], planes[1][:, h], Tq, Tk, offset, wa, wb, qk_scale,
-                    float(scale), planes.stride(1), DH=dh, DP=dp, SPLIT=split, PREC=prec, EMU=emu,
+                    float(scale), planes.stride(1), DH=dh, DP=dp, SPLIT=split, PREC=prec, UP=up,
                     **_launch(cf, 0))
             else:
                 _ha3_bwd_dq_kernel[(triton.cdiv(Tq, cq['G']), h.stop - h.start)](
@@ -1038,62 +1006,3 @@ def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, win
         dva.copy_(planes[1, 0] + planes[1, 1])
     return dq, dk1, dk2, dv1, dv2
 
-
-# Decided when the kernels are decorated: TRITON_INTERPRET=1 at import runs them on CPU tensors.
-_INTERPRET = not isinstance(_ha3_fwd_kernel, triton.runtime.JITFunction)
-
-
-# -----------------------------------------------------------------------------
-# what tools/compile_check.py compiles and counts
-
-def plan(Tq, Tk, dh, wa, wb, dtype=torch.bfloat16, override=None, arch=90, causal=True):
-    dp, fwd, dq, dqa, da, db = _configs(Tq, Tk, dh, wa, wb, override, dtype, arch)
-    return dict(dp=dp, fwd=fwd, dq=dq, dqa=dqa, da=da, db=db, fused=_fused(dqa, Tq, Tk, 0, causal, wa))
-
-
-def kernels_of(p, dtype):
-    """(name, kernel, configuration) of the forward and the backward kernels the plan runs."""
-    yield 'ha_fwd', _ha3_fwd_kernel, dict(p['fwd'], KEEP32=dtype != torch.float32)  # SPLIT: compile_check
-    if p['fused']:
-        yield 'ha_bwd_dqa', _ha3_bwd_dqa_kernel, _launch(p['dqa'], 0)
-    else:
-        yield 'ha_bwd_dq', _ha3_bwd_dq_kernel, p['dq']
-        for part in p['da']['PARTS']:
-            yield (('ha_bwd_da', 'ha_bwd_dka', 'ha_bwd_dva')[part], _ha3_bwd_da_kernel,
-                   dict(_launch(p['da'], part), PART=part))
-    for part in p['db']['PARTS']:
-        yield ('ha_bwd_db', 'ha_bwd_dkb', 'ha_bwd_dvb')[part], _ha3_bwd_db_kernel, dict(_launch(p['db'], part), PART=part)
-
-
-def split_matmuls(name, split):
-    """Tile matmuls per step that the split products add to a kernel's formula: one per
-    operand taken as hi + lo ('logits': the logits', 'both': also dP's, where the kernel
-    forms dP); 'none' and 'fp16' none."""
-    if split in (0, 3):
-        return 0
-    if name == 'ha_fwd' or name in ('ha_bwd_dva', 'ha_bwd_dvb'):
-        return 1
-    return split
-
-
-def step_shape(name, c, split):
-    """(rows, cols, tile matmuls per step that the formula needs, of which useful by the
-    convention backward = 2 x forward). A step is one tile of (lane, b key) pairs; split:
-    SPLITS' number (each split operand adds one matmul)."""
-    if name == 'ha_fwd':
-        return c['G'] * c['BA'], c['BB'], 2, 2
-    if name == 'ha_bwd_dq':  # logits, dP, Gk = dS kb
-        return c['G'] * c['BA'], c['BB'], 3, 1
-    if name == 'ha_bwd_dqa':  # logits, dP, Gk, Gv: dq's and slot a's
-        return c['G'] * c['BA'], c['BB'], 4, 3
-    if name == 'ha_bwd_da':  # logits, dP, Gk, Gv = P vb
-        return c['JA'] * c['BU'], c['BB'], 4, 2
-    if name == 'ha_bwd_dka':  # logits, dP, Gk
-        return c['JA'] * c['BU'], c['BB'], 3, 1
-    if name == 'ha_bwd_dva':  # logits, Gv
-        return c['JA'] * c['BU'], c['BB'], 2, 1
-    if name == 'ha_bwd_dkb':  # logits^T, dP^T, dkb = dS^T A
-        return c['BB'], c['G'] * c['BA'], 3, 1
-    if name == 'ha_bwd_dvb':  # logits^T, dvb = P^T B
-        return c['BB'], c['G'] * c['BA'], 2, 0
-    return c['BB'], c['G'] * c['BA'], 4, 1  # logits^T, dP^T, dkb = dS^T A, dvb = P^T B

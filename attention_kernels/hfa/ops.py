@@ -18,7 +18,8 @@ from attention_kernels.op_common import flat, keeps_fp32, load_triton, or_empty
 
 def _config(q, offset, causal, window):
     """The configuration class: what the kernel's code path depends on, tiles included."""
-    from attention_kernels.triton_common import arch_of, block_sizes, head_block
+    from attention_kernels.hfa.triton import block_sizes
+    from attention_kernels.triton_common import arch_of, head_block
     A, D, arch = q.size(0), q.size(-1), arch_of(q)
     tiles = '/'.join('x'.join(map(str, block_sizes(kind, head_block(D), A, q.dtype, arch)))
                      for kind in ('hfa_fwd', 'hfa_bwd_dq', 'hfa_bwd'))

@@ -20,9 +20,58 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, arch_of, block_sizes, device_of,
-                                             dot_precision, factor_offset, full_blocks, head_block, key_range, query_range,
-                                             upcast_dots)
+from attention_kernels.triton_common import (LOG2E, _cast, _mm, _visible, arch_of, check_inputs, common_tiles,
+                                             device_of, dot_precision, factor_offset, full_blocks, head_block, key_range,
+                                             pipeline_stages, query_range, upcast_dots)
+
+# the backward on sm_80 (mma.sync, per warp): (R, L, warps, stages) by head block and A
+# (A = 4 at head blocks <= 32: 16 x 32 spilled 8 B non-causal once compiled with the launch's
+# integer hints)
+SM80_HFA_BWD = {32: {1: (64, 32, 4, 1), 2: (64, 32, 4, 1), 3: (64, 32, 4, 1), 4: (32, 16, 4, 1)},
+                64: {1: (64, 32, 4, 1), 2: (32, 32, 4, 1), 3: (32, 32, 4, 1), 4: (32, 32, 4, 1)},
+                128: {1: (64, 32, 4, 1), 2: (16, 32, 4, 1), 3: (16, 16, 4, 1), 4: (16, 64, 8, 1)}}
+
+# the dq kernel at (head block, A), bf16/fp16 on sm_90, where it takes larger tiles than
+# dk/dv: at dh 128, A = 2, 64 rows (wgmma) on one stage, 0.55 cycles per pair by
+# the loop-only model (docs/kernel_design_history.md) against 0.92 on the shared 32 x 32 (dk/dv
+# spilled 144 B there); at dh 128, A = 4, two stages: dk/dv's 16 x 64 on one stage spilled
+# 8 B in the non-causal dq kernel once compiled with the launch's integer hints
+HFA_BWD_DQ = {(128, 2): (64, 16, 4, 1), (128, 4): (16, 64, 8, 2)}
+
+
+def block_sizes(kind, BD, A, dtype, arch=90):
+    """(BM, BN, num_warps, num_stages) for kind 'hfa_fwd'; for 'hfa_bwd' (R, L, num_warps,
+    num_stages): rows kept, rows per step, of both backward kernels but where 'hfa_bwd_dq'
+    gives the dq kernel its own; for the GPU of compute capability `arch`. In the
+    interpreter and for fp32: triton_common.common_tiles. On a GPU, the largest tiles whose
+    live fp32 tiles fit 255 registers without spilling on sm_90 under triton 3.6 (torch
+    2.11's) and 3.9, found with tools/compile_check.py (which prints registers and stack per
+    configuration)."""
+    shared = common_tiles(BD, dtype, arch, backward=kind != 'hfa_fwd')
+    if shared:
+        return shared
+    if kind == 'hfa_bwd_dq':  # the dq kernel's own tiles where they differ from dk/dv's
+        return (HFA_BWD_DQ.get((BD, A)) if arch >= 90 else None) or block_sizes('hfa_bwd', BD, A, dtype, arch)
+    if kind == 'hfa_fwd':  # 128 rows on 8 warps: two warp groups of 64 rows, no tile twice
+        if BD > 64:  # one stage; 64 columns spilled 8-48 B with A >= 2 (triton 3.6 or 3.9)
+            return 128, 64 if A == 1 and arch >= 90 else 32, 8, 1
+        # sm_80: 64 columns spilled 8 B with A = 4, and 32-56 B with A = 3 compiled with the
+        # launch's integer hints; A = 4 on two stages 8 B at dh 32 (hints)
+        cols = 32 if A >= 3 and arch < 90 else 64
+        return 128, cols, 8, (1 if A == 4 and arch < 90 else 2) if A > 2 else pipeline_stages(BD)
+    # backward: (rows each kernel keeps, rows per step, warps, stages); hfa_backward gives dq
+    # R query rows and dk/dv R key rows, and every dot of both has R rows, so R = 64 runs
+    # on wgmma. The largest R without spills on sm_90 (tools/compile_check.py): one stage
+    # where two spilled (A = 3 at dh 64, A = 4 at dh 128); A = 4 at dh 64 and A = 3, 4 at
+    # dh 128 spilled at every R >= 32 tried (8-2,600 B) and take 16-row tiles (mma.sync)
+    if arch < 90:  # sm_80: its own, no spills (tools/compile_check.py --arch 80)
+        return SM80_HFA_BWD[min(max(BD, 32), 128)][A]
+    if BD > 64:  # A = 4: 16 x 16 on 4 warps spilled 8-24 B under triton 3.6 and ran 14 tile matmuls for 9
+        return {1: (64, 16, 4, 2), 2: (32, 32, 4, 2), 3: (16, 32, 4, 2), 4: (16, 64, 8, 1)}[A]
+    if A == 4 and BD <= 32:  # 16-row tiles on 4 warps compute tiles twice (and spilled 16 B at dh 16)
+        return 16, 32, 2, 2
+    # A = 4: a second stage spilled 8 B under triton 3.6
+    return {1: (64, 64, 4, 3), 2: (64, 16, 4, 2), 3: (64, 16, 4, 1), 4: (16, 32, 4, 1)}[A]
 
 
 @triton.jit
@@ -280,10 +329,8 @@ def _hfa_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq_a, sk_a, Tq, Tk, offset, w
     tl.store(DV + n * Tk * D + rn[:, None] * D + rd[None, :], _cast(dv, DV.dtype.element_ty, UP), mask=om)
 
 
-def _check(q, k, v):
-    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"inputs must share one dtype among float32, bfloat16, float16, not "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}; use kernel='torch' for others")
+def _check(q, k, v, what):
+    check_inputs(what, q, k, v)
     A, N, Tq, D = q.shape
     if not 1 <= A <= 4:
         raise ValueError(f"the Triton HFA kernel takes 1 to 4 score factors, not {A}; use kernel='torch'")
@@ -298,7 +345,7 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
     bf16/fp16 inputs, the output in fp32 (else None): backward's D_i = dO_i . O_i from the
     rounded output costs 2-3x the gradient error of SDPA once product scores sharpen the
     softmax; from the fp32 output it does not (measured in the tests)."""
-    A, N, Tq, Tk, D = _check(q, k, v)
+    A, N, Tq, Tk, D = _check(q, k, v, 'hfa_forward')
     out = torch.empty(N, Tq, D, dtype=q.dtype, device=q.device)
     keep = q.dtype != torch.float32
     out32 = torch.empty(N, Tq, D, dtype=torch.float32, device=q.device) if keep else None
@@ -318,7 +365,7 @@ def hfa_forward(q, k, v, offset, causal, window, scale):
 def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
     """Gradients (dq, dk, dv) of hfa_forward, in the inputs' dtype; `out` is best the fp32
     output of hfa_forward where it gave one."""
-    A, N, Tq, Tk, D = _check(q, k, v)
+    A, N, Tq, Tk, D = _check(q, k, v, 'hfa_backward')
     dout = dout.contiguous()
     delta = (dout.float() * out.float()).sum(-1)  # D_i = dO_i . O_i
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -341,14 +388,3 @@ def hfa_backward(q, k, v, out, lse, dout, offset, causal, window, scale):
                                                num_stages=stages, **common)
     return dq, dk, dv
 
-
-def compiled_kernels(kind, base, BM, BN, dtype):
-    """For tools/compile_check.py: (name, kernel, constexprs, tile matmuls per step that the
-    formula needs, of which useful) of the forward ('fwd') or the backward ('bwd')."""
-    A = base['A']
-    if kind == 'fwd':
-        yield 'hfa_fwd', _hfa_fwd, dict(base, BM=BM, BN=BN, KEEP32=dtype != torch.float32), A + 1, A + 1
-    else:
-        R, L = BM, BN  # block_sizes('hfa_bwd'): rows kept, rows per step (hfa_backward)
-        yield 'hfa_bwd_dq', _hfa_bwd_dq, dict(base, BM=R, BN=L), 2 * A + 1, A
-        yield 'hfa_bwd_dkdv', _hfa_bwd_dkdv, dict(base, BM=L, BN=R), 2 * A + 2, A + 2

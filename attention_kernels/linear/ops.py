@@ -20,13 +20,14 @@ from attention_kernels.op_common import flat, load_triton
 
 def _config(q, offset, causal, window, norm, chunked):
     """The configuration class: what the kernel's code path depends on, tiles included."""
+    from attention_kernels.linear.triton import block_sizes
     from attention_kernels.linear.triton_chunked import chunk_size
-    from attention_kernels.triton_common import arch_of, block_sizes, head_block
+    from attention_kernels.triton_common import arch_of, head_block
     D, arch = q.size(-1), arch_of(q)
     if chunked:
         tiles = f"chunks of {chunk_size(q.dtype, arch)}"
     else:
-        tiles = 'tiles ' + '/'.join('x'.join(map(str, block_sizes(kind, head_block(D), 1, q.dtype, arch)))
+        tiles = 'tiles ' + '/'.join('x'.join(map(str, block_sizes(kind, head_block(D), q.dtype, arch)))
                                     for kind in ('linear_fwd', 'linear_bwd'))
     return (f"linear{' chunked' * chunked}{' norm' * norm} {str(q.dtype)[6:]} dh={D} "
             f"{guard.form(causal, [window], offset)} {q.device.type} sm_{arch} {tiles}")

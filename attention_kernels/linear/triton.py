@@ -17,8 +17,25 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (_cast, _mm, _visible, arch_of, block_sizes, device_of, dot_precision,
-                                             head_block, key_range, query_range, upcast_dots)
+from attention_kernels.triton_common import (_cast, _mm, _visible, arch_of, check_inputs, common_tiles, device_of,
+                                             dot_precision, head_block, key_range, pipeline_stages, query_range,
+                                             upcast_dots)
+
+
+def block_sizes(kind, BD, dtype, arch=90):
+    """(BM, BN, num_warps, num_stages) of kind 'linear_fwd' or 'linear_bwd' for the GPU of
+    compute capability `arch`; in the interpreter and for fp32: triton_common.common_tiles.
+    The largest tiles without spills on sm_90 (tools/compile_check.py)."""
+    shared = common_tiles(BD, dtype, arch, backward=kind == 'linear_bwd')
+    if shared:
+        return shared
+    if kind == 'linear_fwd':  # 128 rows on 8 warps: two warp groups of 64 rows, no tile twice
+        if BD > 64:  # sm_80: 64 columns spilled 8 B non-causal once compiled with the run-time hints
+            return 128, 64 if arch >= 90 else 32, 8, 1
+        return 128, 64, 8, pipeline_stages(BD)
+    t = (128, 64, 8, 1) if BD > 64 else (64, 64, 4, pipeline_stages(BD))  # dh 128: 64 rows on 8 warps computed every tile twice
+    # sm_80 (mma.sync, per warp): a second stage spilled 8-112 B in some of these kernels
+    return t if arch >= 90 else t[:3] + (1,)
 
 
 @triton.jit
@@ -121,10 +138,8 @@ def _linear_bwd_dkdv(Q, K, V, DO, DK, DV, Tq, Tk, offset, window, scale, CAUSAL:
     tl.store(DV + n * Tk * D + rn[:, None] * D + rd[None, :], _cast(dv, DV.dtype.element_ty, UP), mask=km)
 
 
-def _shapes(q, k, v):
-    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"inputs must share one dtype among float32, bfloat16, float16, not "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}; use kernel='torch' for others")
+def _check(q, k, v, what):
+    check_inputs(what, q, k, v)
     N, Tq, D = q.shape
     if k.shape != v.shape or k.shape[0] != N or k.size(-1) != D:
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
@@ -138,12 +153,12 @@ def _meta(q, causal, norm, D):
 
 def linear_forward(q, k, v, offset, causal, window, norm, scale):
     """q (N, Tq, dh), k, v (N, Tk, dh), contiguous, one dtype -> out (N, Tq, dh)."""
-    N, Tq, Tk, D = _shapes(q, k, v)
+    N, Tq, Tk, D = _check(q, k, v, 'linear_forward')
     out = torch.empty_like(q)
     if out.numel() == 0:
         return out
     BD, meta = _meta(q, causal, norm, D)
-    BM, BN, warps, stages = block_sizes('linear_fwd', BD, 1, q.dtype, arch_of(q))
+    BM, BN, warps, stages = block_sizes('linear_fwd', BD, q.dtype, arch_of(q))
     with device_of(q):
         _linear_fwd[(N, triton.cdiv(Tq, BM))](q, k, v, out, Tq, Tk, offset, window if causal else 0, scale,
                                               BM=BM, BN=BN, num_warps=warps, num_stages=stages, **meta)
@@ -152,13 +167,13 @@ def linear_forward(q, k, v, offset, causal, window, norm, scale):
 
 def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
     """Gradients (dq, dk, dv) of linear_forward."""
-    N, Tq, Tk, D = _shapes(q, k, v)
+    N, Tq, Tk, D = _check(q, k, v, 'linear_backward')
     dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     BD, meta = _meta(q, causal, norm, D)
-    BM, BN, warps, stages = block_sizes('linear_bwd', BD, 1, q.dtype, arch_of(q))
+    BM, BN, warps, stages = block_sizes('linear_bwd', BD, q.dtype, arch_of(q))
     win = window if causal else 0
     with device_of(q):
         _linear_bwd_dq[(N, triton.cdiv(Tq, BM))](k, v, dout, dq, Tq, Tk, offset, win, scale, BM=BM, BN=BN,
@@ -168,12 +183,3 @@ def linear_backward(q, k, v, dout, offset, causal, window, norm, scale):
                                                    num_warps=warps, num_stages=stages, **meta)
     return dq, dk, dv
 
-
-def compiled_kernels(base, BD, dtype, arch=90):
-    """For tools/compile_check.py: (name, kernel, constexprs, (warps, stages), (rows, cols)
-    of a step, tile matmuls per step that the formula needs, of which useful)."""
-    BM, BN, w, s = block_sizes('linear_fwd', BD, 1, dtype, arch)
-    yield 'linear_fwd', _linear_fwd, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 2
-    BM, BN, w, s = block_sizes('linear_bwd', BD, 1, dtype, arch)
-    yield 'linear_bwd_dq', _linear_bwd_dq, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 2, 1
-    yield 'linear_bwd_dkdv', _linear_bwd_dkdv, dict(base, BM=BM, BN=BN), (w, s), (BM, BN), 4, 3

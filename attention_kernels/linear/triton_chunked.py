@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_kernels.triton_common import (INTERPRETED, _cast, _mm, arch_of, device_of, dot_precision, head_block,
-                                             upcast_dots)
+from attention_kernels.triton_common import (INTERPRETED, _cast, _mm, arch_of, check_inputs, device_of, dot_precision,
+                                             head_block, upcast_dots)
 
 def chunk_size(dtype, arch=90):
     """Positions per chunk: 64 (wgmma's tile height) for bf16 / fp16 on sm_90, 32 before it
@@ -164,6 +164,7 @@ def _state_pass(x, y, norm_y, reverse, meta):
 
 def chunked_forward(q, k, v, norm, scale):
     """q, k, v (N, T, dh), contiguous, one dtype -> out (N, T, dh): causal, no window."""
+    check_inputs('chunked_forward', q, k, v)
     N, T, D = q.shape
     out = torch.empty_like(q)
     if out.numel() == 0:
@@ -178,6 +179,7 @@ def chunked_forward(q, k, v, norm, scale):
 
 def chunked_backward(q, k, v, dout, norm, scale):
     """(dq, dk, dv) of chunked_forward."""
+    check_inputs('chunked_backward', q, k, v)
     N, T, D = q.shape
     dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -193,19 +195,3 @@ def chunked_backward(q, k, v, dout, norm, scale):
         _chunk_bwd_dkdv[(N, NC)](q, k, v, dout, r, dk, dv, T, NC, scale, NORM=norm, num_warps=w, num_stages=st, **meta)
     return dq, dk, dv
 
-
-def compiled_kernels(base, BD, dtype, arch=90):
-    """For tools/compile_check.py, as triton.py's: (name, kernel, constexprs, (warps, stages),
-    (rows, cols) of a step, tile matmuls per step that the formula needs, of which useful),
-    a tile matmul being (BT x BD) @ (BD x BT). A step of the output and gradient kernels is
-    one chunk (the whole program); of the state pass, one chunk's dh x dh update. The chunked
-    form's FLOPs are all useful: it computes the formula, regrouped."""
-    BT, (w, st) = chunk_size(dtype, arch), _launch(BD, arch)
-    meta = dict(D=base['D'], BD=BD, BT=BT, UP=False, PREC=base['PREC'])
-    r = BD / BT  # a product with a dh x dh state, in tile matmuls
-    yield 'linear_chunk_states', _states, dict(meta, NORM_Y=False, REVERSE=False), (w, st), (BT, BT), r, r
-    yield 'linear_chunk_states_rev', _states, dict(meta, NORM_Y=base['NORM'], REVERSE=True), (w, st), (BT, BT), r, r
-    yield 'linear_chunk_fwd', _chunk_fwd, dict(meta, NORM=base['NORM']), (w, st), (BT, BT), 2 + r, 2 + r
-    yield 'linear_chunk_bwd_dq', _chunk_bwd_dq, dict(meta, NORM=base['NORM']), (w, st), (BT, BT), 2 + r, 2 + r
-    yield ('linear_chunk_bwd_dkdv', _chunk_bwd_dkdv, dict(meta, NORM=base['NORM']), (w, st), (BT, BT),
-           4 + 2 * r, 4 + 2 * r)
