@@ -308,3 +308,24 @@ def test_figures_were_drawn_by_the_committed_runs(name):
     assert figures
     for fig in figures:
         assert png_source(ROOT / fig) in runs, f"{fig} was not drawn by a run whose results.json is committed"
+
+
+# -----------------------------------------------------------------------------
+# section 4: the read-out across seeds (results/readout_seeds/<variant>/seeds.json)
+
+READOUT_SEEDS = sorted((ROOT / 'results' / 'readout_seeds').glob('*/seeds.json'))
+
+
+def test_the_readout_across_seeds_is_committed():
+    assert READOUT_SEEDS, "results/readout_seeds/<variant>/seeds.json: run the commands docs/interactions.md shows"
+
+
+@pytest.mark.parametrize('path', READOUT_SEEDS, ids=[p.parent.name for p in READOUT_SEEDS])
+def test_readout_across_seeds_tables_appear_verbatim(path):
+    import interactions_seeds
+    r = json.loads(path.read_text())
+    text = doc(INTERACTIONS)
+    assert f"`{r['command']}`" in text, f"{INTERACTIONS} does not show the command of {path}"
+    assert f"--report_dir=results/readout_seeds/{path.parent.name}" in r['command']
+    stale = [name for name, table in interactions_seeds.tables(r).items() if table not in text]
+    assert not stale, f"{INTERACTIONS} is stale for {path}: paste python interactions_seeds.py {path}"
