@@ -340,6 +340,13 @@ def main(o, dirs, argv=()):
         if diff:
             what = ', '.join(f"{k}: {getattr(cfg, k)!r} vs {getattr(cfg0, k)!r}" for k in diff[:3])
             raise UserError(f"{d} is another model than {dirs[0]} ({what}); give seeds of one variant")
+    # seeds compare one training recipe: a checkpoint of a run still training is another model
+    iters = [torch.load(Path(d) / 'ckpt.pt', map_location='cpu', weights_only=True, mmap=True).get('iter_num')
+             for d in dirs]
+    if len(set(iters)) > 1:
+        what = ', '.join(f"{Path(d).name} {i}" for d, i in zip(dirs, iters))
+        raise UserError(f"the checkpoints are at different iterations ({what}); a run still training? "
+                        f"give checkpoints of the same length")
     kinds = cfg0.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):
         raise UserError(f"layer={o['layer']} but the model has {len(kinds)} layers (0..{len(kinds) - 1})")
@@ -364,7 +371,7 @@ def main(o, dirs, argv=()):
         measures.append(dict(token_share=shares,
                              offset_profile=ia.offset_profile(sd, cfg, o['layer'], tokens, o['ln'])))
     report = seed_stability(seeds_heads, labels, k=o['top_k'], measures=measures)
-    report.update(command='python interactions.py ' + ' '.join(shlex.quote(a) for a in argv),
+    report.update(command='python interactions.py ' + ' '.join(shlex.quote(a) for a in argv), iterations=iters[0],
                   sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
                   tokens=[all_labels[t] for t in tokens])
     for line in stability_lines(report, [Path(d).name for d in dirs]):

@@ -120,6 +120,10 @@ def test_command_line_over_several_checkpoints(tmp_path):
                                                 bias=False)), itos)
     with pytest.raises(UserError, match='is another model than'):
         ia.main([f"--out_dir={tmp_path / 'runs' / 'seed0'},{tmp_path / 'other'}", '--positions=none'])
+    ckpt = torch.load(tmp_path / 'runs' / 'seed2' / 'ckpt.pt', weights_only=True)
+    torch.save({**ckpt, 'iter_num': ckpt.get('iter_num', 0) + 7}, tmp_path / 'runs' / 'seed2' / 'ckpt.pt')
+    with pytest.raises(UserError, match='at different iterations'):  # one run still training
+        ia.main([f"--out_dir={tmp_path / 'runs' / 'seed*'}", '--positions=none'])
     with pytest.raises(UserError, match='names 1 checkpoint folder'):
         ia.main([f"--out_dir={tmp_path / 'runs' / 'seed0'},", '--positions=none'])
 
