@@ -233,6 +233,21 @@ def test_width_slope_is_a_per_seed_fit_against_log_width(tmp_path, monkeypatch):
     assert grid_report.width_slope(widths)[0] == []  # two widths: no slope is claimed
 
 
+def test_gap_change_pairs_each_seeds_gap_across_schedule_lengths():
+    """Seed s's gap is g6[s] at 6,000 iterations and g12[s] at 12,000: the change is g12 - g6 per
+    seed (only seeds with both), tested against zero, and it joins the scale family."""
+    g6, g12 = {0: -0.02, 1: -0.01, 2: -0.015}, {0: -0.005, 1: -0.004, 2: 0.001, 3: -0.03}
+    lengths = {n: {'ha_share_w': _scale_row('ha_share_w_lr8e-3', {s: 1.5 + g[s] for s in g}),
+                   'sa_w16': _scale_row('sa_w16_lr4e-3', {s: 1.5 for s in g})} for n, g in ((6000, g6), (12000, g12))}
+    seeds, d, mean, half, p = grid_report.gap_change(lengths, 6000, 12000)
+    expect = [g12[s] - g6[s] for s in (0, 1, 2)]
+    assert seeds == [0, 1, 2] and d == pytest.approx(expect)
+    assert mean == pytest.approx(np.mean(expect)) and p == pytest.approx(stats.ttest_1samp(expect, 0.0).pvalue)
+    claims = [c[0] for c in grid_report.scale_family(lengths, {})]
+    assert claims == ['gap at 12,000 iterations', 'change of the gap from 6,000 to 12,000 iterations']
+    assert grid_report.gap_change({12000: lengths[12000]}, 6000, 12000)[0] == []
+
+
 def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():
     """HA at 1000 iterations costs 2x SA per iteration: SA's equal-cost loss is interpolated at
     2000 iterations between its 1000- and 3000-iteration runs; past 3000 nothing is claimed."""
