@@ -338,7 +338,7 @@ def summarize(args, variants, seeds, outcomes):
         for s in seeds_of(v, seeds):
             run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
             r = collect_run(run_dir, v['cfg']['max_iters'])
-            status = outcomes.get((v['variant'], s), 'not run')
+            status = outcomes.get((v['variant'], s), 'collected' if r and r['finished'] else 'not run')
             if (r is None or not r['finished']) and (v['variant'], s) in kept:
                 r, status = kept[v['variant'], s], 'kept (results.json)'  # trained before; its folder is gone
             failed = r is None or not r['finished']

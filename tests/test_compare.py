@@ -236,6 +236,16 @@ def test_runs_recorded_in_results_json_count_as_finished_without_their_folders(t
 
 
 @pytest.mark.slow
+def test_collecting_marks_finished_runs_collected_not_unrun(trained, tiny):
+    """--collect_only trains nothing; a run whose folder holds a finished log is recorded as
+    collected, so results.json never says a finished run did not run."""
+    out, _ = trained
+    assert compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out), '--collect_only')) == 0
+    rows = json.loads((out / 'results.json').read_text())
+    assert {r['status'] for row in rows for r in row['runs']} == {'collected'}
+
+
+@pytest.mark.slow
 def test_a_summary_with_fewer_runs_never_replaces_one_with_more(trained, tiny):
     out, _ = trained
     files = {p: p.read_bytes() for p in (out / 'results.json', out / 'results.md', out / 'results.csv')}
