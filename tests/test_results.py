@@ -248,6 +248,19 @@ def test_gap_change_pairs_each_seeds_gap_across_schedule_lengths():
     assert grid_report.gap_change({12000: lengths[12000]}, 6000, 12000)[0] == []
 
 
+def test_width_table_gives_each_widths_cost_ratios_from_its_step_times(tmp_path, monkeypatch):
+    """The width table's cost column: HA / SA in FLOPs per token (from the rows) and in seconds per
+    step (grids/wide/step_times.json, keyed variant_d<width>); '-' where a width was not timed."""
+    rows = {'ha_share_w': {**_scale_row('ha_share_w_lr8e-3', {0: 1.5, 1: 1.6}), 'flops_per_token': 1.3e6},
+            'sa_w16': {**_scale_row('sa_w16_lr4e-3', {0: 1.6, 1: 1.7}), 'flops_per_token': 1.0e6}}
+    _write_grids(tmp_path, {'wide': []})
+    (tmp_path / 'wide' / 'step_times.json').write_text(json.dumps(
+        {'seconds_per_step': {'ha_share_w_d48': 0.06, 'sa_w16_d48': 0.02}}))
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    table = grid_report.width_gap_table({48: rows, 192: rows}).splitlines()
+    assert '| 1.30x, 3.0x |' in table[2] and '| 1.30x, - |' in table[3]
+
+
 def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():
     """HA at 1000 iterations costs 2x SA per iteration: SA's equal-cost loss is interpolated at
     2000 iterations between its 1000- and 3000-iteration runs; past 3000 nothing is claimed."""
@@ -308,6 +321,16 @@ def test_scale_grids_train_the_chosen_rates_five_seeds_and_check_the_edges(tmp_p
     wide, _, _ = cpu_grids.grid('wide')
     assert sorted(p for p, o in wide.items() if o['seeds'] == '0,1,2,3,4') == [
         'ha_share_w_d192_lr8e-3', 'ha_share_w_d48_lr8e-3', 'sa_w16_d192_lr4e-3', 'sa_w16_d48_lr4e-3']
+
+
+def test_wide_step_times_time_the_key_pair_at_every_width(tmp_path, monkeypatch):
+    from tools import cpu_grids
+    _write_grids(tmp_path, {'lr_sweep': json.loads((ROOT / 'grids' / 'lr_sweep' / 'results.json').read_text())})
+    monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
+    variants, _, _ = cpu_grids.grid('every_width')
+    assert sorted(variants) == sorted(f'{v}_d{w}' for v in ('sa_w16', 'ha_share_w') for w in (48, 96, 192))
+    assert variants['ha_share_w_d192']['n_embd'] == 192 and variants['ha_share_w_d192']['n_head'] == 8
+    assert 'n_embd' not in variants['sa_w16_d96']  # width 96 is config/compare_cpu.py's own
 
 
 def test_readout_grid_trains_sa_linear_and_hfa_at_two_rates_then_five_seeds(tmp_path, monkeypatch):

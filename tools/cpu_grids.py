@@ -13,7 +13,8 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   SA's step time on this CPU) and SA at half its rate, main_seeds seeds 3 and 4 of SA and
   its closest cheap rivals; tools/grid_report.py pools them into one table.
 - step_times: seconds per training step of every variant, measured in one process under one
-  load (bench.py --step_times), for comparisons at equal time.
+  load (bench.py --step_times), for comparisons at equal time; wide_step_times: the same for
+  the key pair at widths 48, 96 and 192 (grids/wide/step_times.json).
 - main_flops / main_time: each variant trained for as many iterations as give SA's training
   FLOPs / SA's training seconds in main (1000 iterations), with its own cosine schedule;
   seconds per step come from bench.py --step_times (grids/main/step_times.json), measured
@@ -171,6 +172,8 @@ def _grid(name, only):
         return {v: {**over, 'seeds': '3,4'} for v, over in tuned.items() if v in MORE_SEEDS}, 3, {}
     if name == 'every_variant':  # for bench.py --step_times: one step of each, no training
         return tuned, 1, {}
+    if name == 'every_width':  # for bench.py --step_times: the key pair at every width of the width study
+        return {f'{v}_d{w}': {**tuned[v], **shape} for w, shape in {96: {}, **WIDTHS}.items() for v in LONG_KEY}, 1, {}
     if name in ('main_flops', 'main_time'):
         cost = main_cost(name.split('_')[1])
         variants = {}
@@ -314,7 +317,8 @@ def link_runs(name, root):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('grid', help=f"one of {', '.join(ORDER)}, step_times (seconds per step of every variant "
-                                "under one load, into grids/main/step_times.json), a comma list of them "
+                                "under one load, into grids/main/step_times.json), wide_step_times (the key "
+                                "pair at every width, into grids/wide/step_times.json), a comma list of them "
                                 "(run in that order), or all")
     p.add_argument('--jobs', type=int, default=2, help='runs trained at the same time (one thread each)')
     p.add_argument('--dry_run', action='store_true', help='print the compare.py command only')
@@ -328,14 +332,16 @@ def main():
     for name in names:
         if a.runs_root and not a.dry_run:
             link_runs(name, Path(a.runs_root))
-        if name == 'step_times' or (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
-            grid_args = command('every_variant', a.jobs)[2:]  # compare.py's arguments, without the script
-            grid_args[grid_args.index('--out') + 1] = 'grids/main'
+        if name in ('step_times', 'wide_step_times') or \
+                (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
+            which = 'every_width' if name == 'wide_step_times' else 'every_variant'
+            grid_args = command(which, a.jobs)[2:]  # compare.py's arguments, without the script
+            grid_args[grid_args.index('--out') + 1] = 'grids/wide' if name == 'wide_step_times' else 'grids/main'
             step_cmd = [sys.executable, 'bench.py', '--rounds', '7', '--step_times'] + grid_args
             print('+', ' '.join(step_cmd), flush=True)
             if not a.dry_run:
                 subprocess.run(step_cmd, cwd=ROOT, check=True)
-            if name == 'step_times':
+            if name in ('step_times', 'wide_step_times'):
                 continue
         # the long and wide grids run twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
         unchosen = (name == 'long' and not long_choice()) or (name == 'wide' and not wide_choice()) or \

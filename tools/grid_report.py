@@ -776,18 +776,24 @@ def length_gap_table(lengths):
 
 
 def width_gap_table(widths):
-    """The key pair at every width after 3,000 iterations: size, cost, rate and the final gap."""
+    """The key pair at every width after 3,000 iterations: size, cost (FLOPs per token, and CPU
+    seconds per step measured under one load, grids/wide/step_times.json), rate and final gap."""
     a, b = KEY_PAIR
-    lines = ['| width | heads | params (HA = SA w16) | MFLOPs/tok HA, SA | rates HA, SA | seeds | HA loss | SA w16 loss '
-             '| Δ, paired [95% CI] | HA better in | settle (selection half) |', '|---|---|---|---|---|---|---|---|---|---|---|']
+    st = GRIDS / 'wide' / 'step_times.json'
+    secs = json.loads(st.read_text())['seconds_per_step'] if st.exists() else {}
+    lines = ['| width | heads | params (HA = SA w16) | MFLOPs/tok HA, SA | HA / SA: FLOPs, CPU time | rates HA, SA | seeds '
+             '| HA loss | SA w16 loss | Δ, paired [95% CI] | HA better in | settle (selection half) |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for w, rows in widths.items():
         if a not in rows or b not in rows:
             continue
         seeds, d, mean, half, _ = paired(rows[a], rows[b])
         fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
         verdict = settle(rows[a], rows[b])['verdict'] if len(seeds) >= 2 else 'one seed: no rule'
+        time = f"{secs[f'{a}_d{w}'] / secs[f'{b}_d{w}']:.1f}x" if f'{a}_d{w}' in secs and f'{b}_d{w}' in secs else '-'
         lines.append(f"| {w} | {w // 24} | {rows[a]['params']:,} | {rows[a]['flops_per_token'] / 1e6:.2f}, "
-                     f"{rows[b]['flops_per_token'] / 1e6:.2f} | {rows[a]['variant'].rsplit('_lr', 1)[1]}, "
+                     f"{rows[b]['flops_per_token'] / 1e6:.2f} | {rows[a]['flops_per_token'] / rows[b]['flops_per_token']:.2f}x, "
+                     f"{time} | {rows[a]['variant'].rsplit('_lr', 1)[1]}, "
                      f"{rows[b]['variant'].rsplit('_lr', 1)[1]} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} "
                      f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} |")
     return '\n'.join(lines)
