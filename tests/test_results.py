@@ -261,6 +261,23 @@ def test_width_table_gives_each_widths_cost_ratios_from_its_step_times(tmp_path,
     assert '| 1.30x, 3.0x |' in table[2] and '| 1.30x, - |' in table[3]
 
 
+def test_width_flops_table_pairs_ha_with_sa_trained_to_the_same_flops(tmp_path, monkeypatch):
+    """HA's row at each width against wide_flops' SA row of that width, paired by seed; with three
+    widths, the per-seed slope of that gap against log2 width."""
+    k = {0: -0.010, 1: -0.012, 2: -0.008}
+    ha = {w: _scale_row('ha_share_w_lr8e-3', {s: 1.6 + k[s] * i for s in k}) for i, w in enumerate((48, 96, 192))}
+    widths = {w: {'ha_share_w': ha[w], 'sa_w16': _scale_row('sa_w16_lr4e-3', {s: 9.0 for s in k})} for w in ha}
+    _write_grids(tmp_path, {'wide_flops': [{**_scale_row(f'sa_w16_d{w}_its{its}', {s: 1.6 for s in k}), 'iters': its}
+                                           for w, its in ((48, 3892), (96, 3479), (192, 3247))]})
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    pairs = grid_report.key_pair_widths_flops(widths)
+    assert {w: r['sa_w16']['iters'] for w, r in pairs.items()} == {48: 3892, 96: 3479, 192: 3247}
+    table = grid_report.width_flops_table(widths).splitlines()
+    assert table[2].startswith('| 48 | 3,892 | 3 |') and '| +0.0000 ' in table[2]
+    assert table[4].startswith('| 192 | 3,247 | 3 |') and '| -0.0200 [' in table[4]
+    assert table[5].startswith('| slope per doubling of width | | 3 |') and '-0.0100 [' in table[5]
+
+
 def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():
     """HA at 1000 iterations costs 2x SA per iteration: SA's equal-cost loss is interpolated at
     2000 iterations between its 1000- and 3000-iteration runs; past 3000 nothing is claimed."""
@@ -331,6 +348,30 @@ def test_wide_step_times_time_the_key_pair_at_every_width(tmp_path, monkeypatch)
     assert sorted(variants) == sorted(f'{v}_d{w}' for v in ('sa_w16', 'ha_share_w') for w in (48, 96, 192))
     assert variants['ha_share_w_d192']['n_embd'] == 192 and variants['ha_share_w_d192']['n_head'] == 8
     assert 'n_embd' not in variants['sa_w16_d96']  # width 96 is config/compare_cpu.py's own
+
+
+def test_wide_flops_trains_sa_for_has_flops_at_each_width_at_the_chosen_rate(tmp_path, monkeypatch):
+    """Windowed SA at widths 48, 96, 192, for 3,000 x (HA's FLOPs per token / SA's) iterations
+    with its own schedule, at the width's chosen rate (96: the long study's), seeds 0-4; refused
+    until the width grid has chosen its rates."""
+    from tools import cpu_grids
+    for name in ('lr_sweep', 'long'):
+        _write_grids(tmp_path, {name: json.loads((ROOT / 'grids' / name / 'results.json').read_text())})
+    monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
+    assert cpu_grids.wide_flops_grid() is None
+    with pytest.raises(SystemExit, match='run `python tools/cpu_grids.py wide` first'):
+        cpu_grids.grid('wide_flops')
+    wide, _, _ = cpu_grids.grid('wide')
+    _write_grids(tmp_path, {'wide': [_scale_row(p, {0: 1.5 + 0.1 * ('sa_w16_d' in p and 'lr8e-3' in p)}) for p in wide]})
+    variants, seeds, extra = cpu_grids.grid('wide_flops')
+    ratio = {48: 0.48 / 0.37, 96: 1.63 / 1.41, 192: 5.92 / 5.47}  # RESULTS.md's MFLOPs per token
+    assert [p.split('_its')[0] for p in variants] == ['sa_w16_d48', 'sa_w16_d96', 'sa_w16_d192']
+    for p, o in variants.items():
+        w = int(p.split('_d')[1].split('_')[0])
+        assert o['max_iters'] == o['lr_decay_iters'] == int(p.split('_its')[1])
+        assert o['max_iters'] == pytest.approx(3000 * ratio[w], rel=0.01) and o['seeds'] == '0,1,2,3,4'
+        assert o['learning_rate'] == 4e-3 and o.get('n_embd', 96) == w and o['attn_window'] == 16
+    assert extra['report_split'] and 'max_iters' not in extra
 
 
 def test_readout_grid_trains_sa_linear_and_hfa_at_two_rates_then_five_seeds(tmp_path, monkeypatch):

@@ -27,6 +27,8 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   recorded in the committed results.json, which compare.py reads as finished on a fresh clone:
       nice -n 19 python tools/cpu_grids.py long12k,wide --jobs 2 --runs_root ~/nanohfa-runs
       python tools/cpu_grids.py long12k --collect_only    # the results so far (never fewer runs)
+- wide_flops: windowed SA at each width for the iterations that cost shared HA's 3,000 in
+  FLOPs, for the width study's equal-FLOPs reading (after wide).
 - readout: SA, linear and HFA at long12k's length, 5 seeds, for the read-out across seeds
   (interactions.py --out_dir='<runs>/seed*'; windowed SA and shared HA are long12k's runs).
 `python tools/grid_report.py` turns the results into RESULTS.md's tables and figures.
@@ -151,6 +153,11 @@ def _grid(name, only):
         return readout_grid(), 1, dict(max_iters=LONG_ITERS['long12k'], lr_decay_iters=LONG_ITERS['long12k'], **LONG_EXTRA)
     if name == 'wide':
         return wide_grid(), 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
+    if name == 'wide_flops':
+        variants = wide_flops_grid()
+        if variants is None:
+            sys.exit("the width grid's rate choice is unfinished: run `python tools/cpu_grids.py wide` first")
+        return variants, 1, LONG_EXTRA
     if name in ('long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more'):
         # the key pair at the rate chosen at full length; *_more: seeds 3 and 4 of the same runs
         # (every LONG variant at full length), pooled into their grid by tools/grid_report.py
@@ -257,6 +264,26 @@ def wide_grid():
     return {p: {**o, 'seeds': LONG12K_SEEDS if p in chosen else 1} for p, o in wide_candidates().items()}
 
 
+def wide_flops_grid():
+    """{preset: overrides}: windowed SA at every width of the width study, trained (its own cosine
+    schedule) for the iterations whose training FLOPs equal shared HA's 3,000 at that width, at
+    the width's chosen rate, seeds 0-4; None until the width grid has chosen its rates."""
+    import grid as grid_lib
+    chosen, long_chosen = wide_choice(), long_choice()
+    if not chosen or not long_chosen:
+        return None
+    plan = grid_lib.plan(grid_lib.parse_args(command('every_width', 1)[2:]))
+    flops = {v['variant']: v['flops_planned'] for v in plan}
+    rate = {w: (wide_candidates()[chosen['sa_w16', w]] if w in WIDTHS else long_candidates()[long_chosen['sa_w16']])
+            for w in (48, 96, 192)}
+    out = {}
+    for w in (48, 96, 192):
+        iters = round(LONG_ITERS['long3k'] * flops[f'ha_share_w_d{w}'] / flops[f'sa_w16_d{w}'])
+        out[f'sa_w16_d{w}_its{iters}'] = {**rate[w], 'max_iters': iters, 'lr_decay_iters': iters,
+                                          'seeds': LONG12K_SEEDS}
+    return out
+
+
 def long_candidates():
     """{preset: overrides}: each LONG variant at its lr_sweep best and at half of it."""
     best = best_lrs(LONG)
@@ -290,7 +317,7 @@ def readout_grid():
 
 ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
          'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more',
-         'long12k', 'wide', 'readout']
+         'long12k', 'wide', 'readout', 'wide_flops']
 
 
 def command(name, jobs, only=None, collect_only=False):

@@ -799,6 +799,35 @@ def width_gap_table(widths):
     return '\n'.join(lines)
 
 
+def key_pair_widths_flops(widths):
+    """{width: {variant: row}}: HA at 3,000 iterations (as in key_pair_widths) against the
+    wide_flops grid's windowed SA, trained for the iterations that cost as many FLOPs."""
+    a, b = KEY_PAIR
+    sa = {int(p.split('_d')[1].split('_')[0]): r for p, r in (load('wide_flops') or {}).items() if r['n_seeds']}
+    return {w: {a: widths[w][a], b: sa[w]} for w in widths if w in sa and a in widths[w]}
+
+
+def width_flops_table(widths):
+    """The key pair at every width at equal training FLOPs: HA's 3,000 iterations against SA's own
+    schedule of as many FLOPs, and the slope of that gap against log width (uncorrected)."""
+    a, b = KEY_PAIR
+    pairs = key_pair_widths_flops(widths)
+    lines = ['| width | SA w16 iterations | seeds | HA loss (3,000 its) | SA w16 loss | Δ at equal FLOPs, paired [95% CI] '
+             '| HA better in |', '|---|---|---|---|---|---|---|']
+    for w, rows in pairs.items():
+        seeds, d, mean, half, _ = paired(rows[a], rows[b])
+        if not seeds:
+            continue
+        fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
+        lines.append(f"| {w} | {rows[b]['iters']:,} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} "
+                     f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} |")
+    seeds, _, mean, half, p = width_slope(pairs)
+    if len(seeds) >= 2:
+        lines.append(f'| slope per doubling of width | | {len(seeds)} | | | {mean:+.4f} {interval(mean, half)}, '
+                     f'p {fmt_p(p)} (uncorrected) | |')
+    return '\n'.join(lines)
+
+
 def equal_cost_gaps(lengths, cost):
     """HA at N iterations against SA at N * cost[HA] / cost[SA] iterations (equal FLOPs or equal
     CPU time), SA's report-half loss interpolated seed by seed, linearly in log iterations,
@@ -880,9 +909,15 @@ def plot_scale(lengths, widths):
             seeds, d, mean, half, _ = paired(rows[a], rows[b])
             ws.append(w), means.append(mean), halves.append(0 if math.isnan(half) else half), ns.append(len(seeds))
             ax.scatter([w] * len(d), d, color='C0', alpha=0.35, s=14)
-    ax.errorbar(ws, means, yerr=halves, fmt='o-', color='C3', capsize=4, label='mean, 95% CI (paired by seed)')
+    ax.errorbar(ws, means, yerr=halves, fmt='o-', color='C3', capsize=4, label='equal tokens: mean, 95% CI (paired by seed)')
     for w, m, n in zip(ws, means, ns):
         ax.annotate(f'n={n}', (w, m), textcoords='offset points', xytext=(6, 6), fontsize=8)
+    flops = [(w, *paired(rows[a], rows[b])[2:4]) for w, rows in key_pair_widths_flops(widths).items()]
+    flops = [(w, m, 0 if math.isnan(h) else h) for w, m, h in flops if not math.isnan(m)]
+    if flops:
+        fw, fm, fh = zip(*flops)
+        ax.errorbar([w * 1.04 for w in fw], fm, yerr=fh, fmt='s--', color='C2', capsize=4,
+                    label='equal FLOPs (SA trained longer): mean, 95% CI')
     ax.set_xscale('log', base=2)
     ax.set_xticks(ws, [str(w) for w in ws])
     save_gap_figure(fig, ax, 'width (head size 24; heads = width / 24)', 'HA shared - SA window 16, report half',
@@ -1013,6 +1048,7 @@ def sections(draw=False):
         out['scale_lengths'] = length_gap_table(lengths)
         out['scale_widths'] = width_gap_table(widths)
         out['scale_cost'] = equal_cost_table(lengths)
+        out['scale_widths_flops'] = width_flops_table(widths)
     if draw:
         figures(grids)
         if longs.get(LONG_ITERS):
