@@ -278,6 +278,17 @@ def test_width_flops_table_pairs_ha_with_sa_trained_to_the_same_flops(tmp_path, 
     assert table[5].startswith('| slope per doubling of width | | 3 |') and '-0.0100 [' in table[5]
 
 
+def test_length_table_gives_how_far_the_gap_moved_over_the_last_third():
+    """HA's selection-half gap falls by 0.03 * t / 600 in seed 0 and 0.06 * t / 600 in seed 1:
+    over the last third (200 of 600 iterations) the fitted move is -0.01 and -0.02, mean -0.015."""
+    iters = tuple(range(0, 601, 50))
+    ha = _long_row('ha_share_w', {0: 1.50, 1: 1.52}, gaps={0: lambda t: -0.03 * t / 600, 1: lambda t: -0.06 * t / 600},
+                   iters=iters)
+    sa = _long_row('sa_w16', {0: 1.51, 1: 1.53}, iters=iters)
+    row = grid_report.length_gap_table({600: {'ha_share_w': ha, 'sa_w16': sa}}).splitlines()[2]
+    assert row.startswith('| 600 | 2 |') and row.endswith('| -0.0150 [-0.0785, +0.0485] |')
+
+
 def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():
     """HA at 1000 iterations costs 2x SA per iteration: SA's equal-cost loss is interpolated at
     2000 iterations between its 1000- and 3000-iteration runs; past 3000 nothing is claimed."""

@@ -762,16 +762,20 @@ def scale_family_table(lengths, widths):
 def length_gap_table(lengths):
     """The key pair's final gap (report half) at every schedule length, with the settle rule."""
     a, b = KEY_PAIR
-    lines = [f'| iterations | seeds | `{a}` | `{b}` | Δ, paired [95% CI] | `{a}` better in | settle (selection half) |',
-             '|---|---|---|---|---|---|---|']
+    lines = [f'| iterations | seeds | `{a}` | `{b}` | Δ, paired [95% CI] | `{a}` better in | settle (selection half) '
+             '| gap\'s move over the last third (selection half) [95% CI] |', '|---|---|---|---|---|---|---|---|']
     for n, rows in sorted(lengths.items()):
         if a not in rows or b not in rows:
             continue
         seeds, d, mean, half, _ = paired(rows[a], rows[b])
         fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
-        verdict = settle(rows[a], rows[b])['verdict'] if len(seeds) >= 2 else 'one seed: no rule'
+        rule = settle(rows[a], rows[b]) if len(seeds) >= 2 else None
+        # the fitted slope times the last third's length: how far the gap moved as the rate decayed
+        move = (f"{rule['slope'] * rule['end'] / 3000:+.4f} {interval(*(x * rule['end'] / 3000 for x in (rule['slope'], rule['slope_half'])))}"
+                if rule else '-')
         lines.append(f'| {n:,} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} | {mean:+.4f} '
-                     f'{interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} |')
+                     f'{interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {rule["verdict"] if rule else "one seed: no rule"} '
+                     f'| {move} |')
     return '\n'.join(lines)
 
 
