@@ -366,19 +366,22 @@ def test_wide_flops_trains_sa_for_has_flops_at_each_width_at_the_chosen_rate(tmp
     with its own schedule, at the width's chosen rate (96: the long study's), seeds 0-4; refused
     until the width grid has chosen its rates."""
     from tools import cpu_grids
-    for name in ('lr_sweep', 'long'):
+    for name in ('lr_sweep', 'long', 'long3k'):
         _write_grids(tmp_path, {name: json.loads((ROOT / 'grids' / name / 'results.json').read_text())})
     monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
     assert cpu_grids.wide_flops_grid() is None
     with pytest.raises(SystemExit, match='run `python tools/cpu_grids.py wide` first'):
         cpu_grids.grid('wide_flops')
     wide, _, _ = cpu_grids.grid('wide')
-    _write_grids(tmp_path, {'wide': [_scale_row(p, {0: 1.5 + 0.1 * ('sa_w16_d' in p and 'lr8e-3' in p)}) for p in wide]})
-    variants, seeds, extra = cpu_grids.grid('wide_flops')
     ratio = {48: 0.48 / 0.37, 96: 1.63 / 1.41, 192: 5.92 / 5.47}  # RESULTS.md's MFLOPs per token
+    width = lambda p: int(p.split('_d')[1].split('_')[0])
+    _write_grids(tmp_path, {'wide': [_scale_row(p, {0: 1.5 + 0.1 * ('sa_w16_d' in p and 'lr8e-3' in p)},
+                                                flops=1e6 * (ratio[width(p)] if p.startswith('ha') else 1.0))
+                                     for p in wide]})
+    variants, seeds, extra = cpu_grids.grid('wide_flops')
     assert [p.split('_its')[0] for p in variants] == ['sa_w16_d48', 'sa_w16_d96', 'sa_w16_d192']
     for p, o in variants.items():
-        w = int(p.split('_d')[1].split('_')[0])
+        w = width(p)
         assert o['max_iters'] == o['lr_decay_iters'] == int(p.split('_its')[1])
         assert o['max_iters'] == pytest.approx(3000 * ratio[w], rel=0.01) and o['seeds'] == '0,1,2,3,4'
         assert o['learning_rate'] == 4e-3 and o.get('n_embd', 96) == w and o['attn_window'] == 16

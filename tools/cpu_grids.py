@@ -268,17 +268,18 @@ def wide_flops_grid():
     """{preset: overrides}: windowed SA at every width of the width study, trained (its own cosine
     schedule) for the iterations whose training FLOPs equal shared HA's 3,000 at that width, at
     the width's chosen rate, seeds 0-4; None until the width grid has chosen its rates."""
-    import grid as grid_lib
     chosen, long_chosen = wide_choice(), long_choice()
-    if not chosen or not long_chosen:
+    paths = [GRIDS / g / 'results.json' for g in ('wide', 'long3k')]
+    if not chosen or not long_chosen or not all(p.exists() for p in paths):
         return None
-    plan = grid_lib.plan(grid_lib.parse_args(command('every_width', 1)[2:]))
-    flops = {v['variant']: v['flops_planned'] for v in plan}
-    rate = {w: (wide_candidates()[chosen['sa_w16', w]] if w in WIDTHS else long_candidates()[long_chosen['sa_w16']])
-            for w in (48, 96, 192)}
+    # the FLOPs per token the trained runs recorded (they depend on the corpus's vocabulary)
+    rows = {r['variant']: r for p in paths for r in json.loads(p.read_text())}
+    preset = lambda v, w: chosen[v, w] if w in WIDTHS else long_chosen[v]
+    rate = {w: (wide_candidates() if w in WIDTHS else long_candidates())[preset('sa_w16', w)] for w in (48, 96, 192)}
     out = {}
     for w in (48, 96, 192):
-        iters = round(LONG_ITERS['long3k'] * flops[f'ha_share_w_d{w}'] / flops[f'sa_w16_d{w}'])
+        ratio = rows[preset('ha_share_w', w)]['flops_per_token'] / rows[preset('sa_w16', w)]['flops_per_token']
+        iters = round(LONG_ITERS['long3k'] * ratio)
         out[f'sa_w16_d{w}_its{iters}'] = {**rate[w], 'max_iters': iters, 'lr_decay_iters': iters,
                                           'seeds': LONG12K_SEEDS}
     return out
