@@ -322,6 +322,7 @@ def test_scale_study_pairs_the_chosen_rates_and_leaves_the_edge_checks_out(tmp_p
     rates = grid_report.scale_rates_table()
     assert '| 12,000 its | `ha_share_w` | 8e-3 | 1.5500 | 4e-3 | 1.4500 | 4e-3 (half: the chosen rate is at an edge' in rates
     assert '| width 48 | `sa_w16` | 8e-3 | 1.5600 | 4e-3 | 1.9500 | 8e-3 |' in rates
+    assert '| width 48 | `ha_share_w` | 1.6e-2 | 1.7500 | 8e-3 | 1.5500 | 8e-3 (the lower: a lower rate was not tried) |' in rates
     family = grid_report.scale_family(lengths, widths)
     assert [c[0] for c in family] == ['gap at 12,000 iterations', 'gap at width 48 (3,000 its)']
     assert family[0][2] == pytest.approx(-0.03)
@@ -386,6 +387,33 @@ def test_wide_flops_trains_sa_for_has_flops_at_each_width_at_the_chosen_rate(tmp
         assert o['max_iters'] == pytest.approx(3000 * ratio[w], rel=0.01) and o['seeds'] == '0,1,2,3,4'
         assert o['learning_rate'] == 4e-3 and o.get('n_embd', 96) == w and o['attn_window'] == 16
     assert extra['report_split'] and 'max_iters' not in extra
+
+
+def test_wide_edge_checks_half_the_rate_where_the_lower_rate_won(tmp_path, monkeypatch):
+    """Where the width grid chose the lower of its two rates, seed 0 also runs at half of it; the
+    rate table reports it, and flags an edge when half did better."""
+    from tools import cpu_grids
+    for name in ('lr_sweep', 'long'):
+        _write_grids(tmp_path, {name: json.loads((ROOT / 'grids' / name / 'results.json').read_text())})
+    monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
+    assert cpu_grids.wide_edge_grid() is None
+    wide, _, _ = cpu_grids.grid('wide')
+    lower = {p: o['learning_rate'] == min(q['learning_rate'] for n, q in wide.items() if n.split('_lr')[0] == p.split('_lr')[0])
+             for p, o in wide.items()}
+    # the lower rate wins for shared HA at both widths, the higher for windowed SA
+    losses = {p: 1.5 + 0.1 * (lower[p] != p.startswith('ha')) for p in wide}
+    _write_grids(tmp_path, {'wide': [_scale_row(p, {0: losses[p]}) for p in wide]})
+    variants, _, extra = cpu_grids.grid('wide_edge')
+    assert sorted(variants) == ['ha_share_w_d192_lr4e-3', 'ha_share_w_d48_lr4e-3']
+    assert variants['ha_share_w_d192_lr4e-3']['learning_rate'] == 4e-3 and variants['ha_share_w_d192_lr4e-3']['n_embd'] == 192
+    assert extra['max_iters'] == 3000
+    _write_grids(tmp_path, {'wide_edge': [_scale_row('ha_share_w_d48_lr4e-3', {0: 1.40}),
+                                          _scale_row('ha_share_w_d192_lr4e-3', {0: 1.60})]})
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    rates = grid_report.scale_rates_table()
+    assert ('| width 48, edge check | `ha_share_w` | 8e-3 | 1.5500 | 4e-3 | 1.4500 | 4e-3 (half: the chosen rate is at '
+            'an edge at this width) |') in rates
+    assert '| width 192, edge check | `ha_share_w` | 8e-3 | 1.5500 | 4e-3 | 1.6500 | 8e-3 |' in rates
 
 
 def test_readout_grid_trains_sa_linear_and_hfa_at_two_rates_then_five_seeds(tmp_path, monkeypatch):

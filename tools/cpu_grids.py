@@ -27,6 +27,7 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   recorded in the committed results.json, which compare.py reads as finished on a fresh clone:
       nice -n 19 python tools/cpu_grids.py long12k,wide --jobs 2 --runs_root ~/nanohfa-runs
       python tools/cpu_grids.py long12k --collect_only    # the results so far (never fewer runs)
+- wide_edge: seed 0 at half the chosen rate wherever the width grid chose the lower of its two.
 - wide_flops: windowed SA at each width for the iterations that cost shared HA's 3,000 in
   FLOPs, for the width study's equal-FLOPs reading (after wide).
 - readout: SA, linear and HFA at long12k's length, 5 seeds, for the read-out across seeds
@@ -153,6 +154,11 @@ def _grid(name, only):
         return readout_grid(), 1, dict(max_iters=LONG_ITERS['long12k'], lr_decay_iters=LONG_ITERS['long12k'], **LONG_EXTRA)
     if name == 'wide':
         return wide_grid(), 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
+    if name == 'wide_edge':
+        variants = wide_edge_grid()
+        if variants is None:
+            sys.exit("the width grid's rate choice is unfinished: run `python tools/cpu_grids.py wide` first")
+        return variants, 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
     if name == 'wide_flops':
         variants = wide_flops_grid()
         if variants is None:
@@ -264,6 +270,21 @@ def wide_grid():
     return {p: {**o, 'seeds': LONG12K_SEEDS if p in chosen else 1} for p, o in wide_candidates().items()}
 
 
+def wide_edge_grid():
+    """{preset: overrides}: seed 0 at half the chosen rate wherever the width grid chose the lower
+    of its two rates, so that a choice at the edge of the two shows (read on the selection half
+    only); None until the width grid has chosen."""
+    chosen = wide_choice()
+    if not chosen:
+        return None
+    cands, out = wide_candidates(), {}
+    for (v, w), preset in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lr = cands[preset]['learning_rate']
+        if lr == min(o['learning_rate'] for p, o in cands.items() if p.startswith(f'{v}_d{w}_lr')):
+            out[f'{v}_d{w}_lr{lr_tag(lr / 2)}'] = {**with_lr(VARIANTS[v], lr / 2), **WIDTHS[w]}
+    return out
+
+
 def wide_flops_grid():
     """{preset: overrides}: windowed SA at every width of the width study, trained (its own cosine
     schedule) for the iterations whose training FLOPs equal shared HA's 3,000 at that width, at
@@ -318,7 +339,7 @@ def readout_grid():
 
 ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
          'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more',
-         'long12k', 'wide', 'readout', 'wide_flops']
+         'long12k', 'wide', 'readout', 'wide_edge', 'wide_flops']
 
 
 def command(name, jobs, only=None, collect_only=False):

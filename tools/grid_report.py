@@ -687,7 +687,19 @@ def scale_rates_table():
         if len(cands) == 2 and all(seed0_loss(r) is not None for _, r in cands):
             low = min(cands, key=lambda c: seed0_loss(c[1]))[0]
             lines.append(f"| width {w} | `{v}` | {cands[0][0]} | {seed0_loss(cands[0][1]):.4f} | {cands[1][0]} "
-                         f"| {seed0_loss(cands[1][1]):.4f} | {low} |")
+                         f"| {seed0_loss(cands[1][1]):.4f} | {low}"
+                         f"{' (the lower: a lower rate was not tried)' if low == cands[1][0] else ''} |")
+    chosen = wide_chosen()
+    for p, r in sorted((load('wide_edge') or {}).items()):  # half the chosen rate, where the lower one won
+        v, rest = p.split('_d', 1)
+        w, lr = int(rest.split('_lr')[0]), rest.split('_lr')[1]
+        base = load('wide')[chosen[v, w]] if (v, w) in chosen else None
+        if base is None or seed0_loss(r) is None or seed0_loss(base) is None:
+            continue
+        edge = seed0_loss(r) < seed0_loss(base)
+        lines.append(f"| width {w}, edge check | `{v}` | {chosen[v, w].rsplit('_lr', 1)[1]} | {seed0_loss(base):.4f} | {lr} "
+                     f"| {seed0_loss(r):.4f} | {lr if edge else chosen[v, w].rsplit('_lr', 1)[1]}"
+                     f"{' (half: the chosen rate is at an edge at this width)' if edge else ''} |")
     return '\n'.join(lines)
 
 
