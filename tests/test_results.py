@@ -286,7 +286,16 @@ def test_length_table_gives_how_far_the_gap_moved_over_the_last_third():
                    iters=iters)
     sa = _long_row('sa_w16', {0: 1.51, 1: 1.53}, iters=iters)
     row = grid_report.length_gap_table({600: {'ha_share_w': ha, 'sa_w16': sa}}).splitlines()[2]
-    assert row.startswith('| 600 | 2 |') and row.endswith('| -0.0150 [-0.0785, +0.0485] |')
+    assert row.startswith('| 600 | 2 |') and row.endswith('| -0.0150 [-0.0785, +0.0485] | -, - |')  # 2 seeds: no stall rule
+
+
+def test_scale_tables_count_stalled_seeds_per_variant():
+    """Five seeds of HA, one far above the others (a stall); SA's five all alike."""
+    ha = _scale_row('ha_share_w_lr8e-3', {0: 1.50, 1: 1.51, 2: 1.52, 3: 1.50, 4: 2.40})
+    sa = _scale_row('sa_w16_lr4e-3', {s: 1.55 + 0.001 * s for s in range(5)})
+    assert grid_report.stalled_cell(ha, sa) == '1, 0'
+    assert grid_report.length_gap_table({3000: {'ha_share_w': ha, 'sa_w16': sa}}).splitlines()[2].endswith('| 1, 0 |')
+    assert grid_report.width_gap_table({96: {'ha_share_w': ha, 'sa_w16': sa}}).splitlines()[2].endswith('| 1, 0 |')
 
 
 def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():

@@ -775,7 +775,8 @@ def length_gap_table(lengths):
     """The key pair's final gap (report half) at every schedule length, with the settle rule."""
     a, b = KEY_PAIR
     lines = [f'| iterations | seeds | `{a}` | `{b}` | Δ, paired [95% CI] | `{a}` better in | settle (selection half) '
-             '| gap\'s move over the last third (selection half) [95% CI] |', '|---|---|---|---|---|---|---|---|']
+             '| gap\'s move over the last third (selection half) [95% CI] | stalled seeds HA, SA |',
+             '|---|---|---|---|---|---|---|---|---|']
     for n, rows in sorted(lengths.items()):
         if a not in rows or b not in rows:
             continue
@@ -787,8 +788,13 @@ def length_gap_table(lengths):
                 if rule else '-')
         lines.append(f'| {n:,} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} | {mean:+.4f} '
                      f'{interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {rule["verdict"] if rule else "one seed: no rule"} '
-                     f'| {move} |')
+                     f'| {move} | {stalled_cell(rows[a], rows[b])} |')
     return '\n'.join(lines)
+
+
+def stalled_cell(a, b):
+    """'n, m': how many seeds of each row stall by the rule of stalled_seeds (report half)."""
+    return ', '.join(str(len(stalled_seeds(report_finals(r)))) if len(r['runs']) >= 3 else '-' for r in (a, b))
 
 
 def width_gap_table(widths):
@@ -798,8 +804,8 @@ def width_gap_table(widths):
     st = GRIDS / 'wide' / 'step_times.json'
     secs = json.loads(st.read_text())['seconds_per_step'] if st.exists() else {}
     lines = ['| width | heads | params (HA = SA w16) | MFLOPs/tok HA, SA | HA / SA: FLOPs, CPU time | rates HA, SA | seeds '
-             '| HA loss | SA w16 loss | Δ, paired [95% CI] | HA better in | settle (selection half) |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+             '| HA loss | SA w16 loss | Δ, paired [95% CI] | HA better in | settle (selection half) | stalled seeds HA, SA |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for w, rows in widths.items():
         if a not in rows or b not in rows:
             continue
@@ -811,7 +817,8 @@ def width_gap_table(widths):
                      f"{rows[b]['flops_per_token'] / 1e6:.2f} | {rows[a]['flops_per_token'] / rows[b]['flops_per_token']:.2f}x, "
                      f"{time} | {rows[a]['variant'].rsplit('_lr', 1)[1]}, "
                      f"{rows[b]['variant'].rsplit('_lr', 1)[1]} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} "
-                     f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} |")
+                     f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} "
+                     f"| {stalled_cell(rows[a], rows[b])} |")
     return '\n'.join(lines)
 
 
