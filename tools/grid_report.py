@@ -360,14 +360,18 @@ def report_finals(row):
 def paired(a, b):
     """Seed k of a against seed k of b (the same data order): (seeds, differences a - b,
     mean, 95% t-interval half-width, two-sided paired t-test p)."""
-    from scipy import stats
     fa, fb = report_finals(a), report_finals(b)
     seeds = sorted(set(fa) & set(fb))
-    d = np.array([fa[s] - fb[s] for s in seeds])
+    return (seeds, *mean_interval(np.array([fa[s] - fb[s] for s in seeds])))
+
+
+def mean_interval(d):
+    """(d, mean, 95% t-interval half-width, one-sample t-test p against zero) of per-seed values."""
+    from scipy import stats
     if len(d) < 2:
-        return seeds, d, float(d.mean()) if len(d) else float('nan'), float('nan'), float('nan')
+        return d, float(d.mean()) if len(d) else float('nan'), float('nan'), float('nan')
     half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    return seeds, d, float(d.mean()), float(half), float(stats.ttest_1samp(d, 0.0).pvalue)
+    return d, float(d.mean()), float(half), float(stats.ttest_1samp(d, 0.0).pvalue)
 
 
 def welch_interval(x, y):
@@ -724,17 +728,12 @@ def width_slope(widths):
 def gap_change(lengths, n0, n1):
     """How the key pair's paired gap moves from the n0- to the n1-iteration schedule, seed by seed
     (seed k has the same data order at every length): (seeds, changes, mean, 95% half-width, p)."""
-    from scipy import stats
     a, b = KEY_PAIR
     if not all(n in lengths and a in lengths[n] and b in lengths[n] for n in (n0, n1)):
         return [], np.array([]), float('nan'), float('nan'), float('nan')
     g0, g1 = (dict(zip(*paired(lengths[n][a], lengths[n][b])[:2])) for n in (n0, n1))
     seeds = sorted(set(g0) & set(g1))
-    d = np.array([g1[s] - g0[s] for s in seeds])
-    if len(d) < 2:
-        return seeds, d, float(d.mean()) if len(d) else float('nan'), float('nan'), float('nan')
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    return seeds, d, float(d.mean()), float(half), float(stats.ttest_1samp(d, 0.0).pvalue)
+    return (seeds, *mean_interval(np.array([g1[s] - g0[s] for s in seeds])))
 
 
 def scale_family(lengths, widths):
