@@ -425,6 +425,46 @@ def test_wide_edge_checks_half_the_rate_where_the_lower_rate_won(tmp_path, monke
     assert '| width 192, edge check | `ha_share_w` | 8e-3 | 1.5500 | 4e-3 | 1.6500 | 8e-3 |' in rates
 
 
+def test_wide_edge_runs_five_seeds_where_half_won_and_checks_half_again(tmp_path, monkeypatch):
+    """Where the edge check's half rate beat the chosen one, that rate gets seeds 0-4 and seed 0
+    runs at half of it again; the rate table calls that the second edge check, and the width is
+    re-read at the better rate beside the study's own row."""
+    from tools import cpu_grids
+    for name in ('lr_sweep', 'long'):
+        _write_grids(tmp_path, {name: json.loads((ROOT / 'grids' / name / 'results.json').read_text())})
+    monkeypatch.setattr(cpu_grids, 'GRIDS', tmp_path)
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    # seed-0 selection loss by rate: at width 192 the best rate is a quarter of the lr_sweep best's
+    # half (so halving wins once, then loses); at width 48 the lr_sweep best's half is best
+    best = {(v, w): cpu_grids.best_lrs(cpu_grids.LONG_KEY)[v] / (4 if w == 192 else 2) for v in cpu_grids.LONG_KEY for w in (48, 192)}
+    loss = lambda p: 1.5 + abs(math.log2(float(p.rsplit('_lr', 1)[1]) / best[p.split('_d')[0], int(p.split('_d')[1].split('_')[0])])) / 10
+
+    def write(grid):
+        variants, _, _ = cpu_grids.grid(grid)
+        _write_grids(tmp_path, {grid: [_scale_row(p, {s: loss(p) - 0.05 + 0.01 * s for s in
+                                                    (range(5) if o['seeds'] != 1 else [0])}) for p, o in variants.items()]})
+        return variants
+    write('wide')
+    write('wide')  # the chosen rates' seeds
+    assert cpu_grids.wide_edge_pending()
+    first = write('wide_edge')
+    assert all(o['seeds'] == 1 for o in first.values())
+    variants = write('wide_edge')
+    assert sorted(p for p, o in variants.items() if o['seeds'] == '0,1,2,3,4') == ['ha_share_w_d192_lr4e-3', 'sa_w16_d192_lr2e-3']
+    assert variants['sa_w16_d192_lr1e-3']['seeds'] == 1  # the second check
+    assert variants['ha_share_w_d48_lr4e-3']['seeds'] == 1 and 'ha_share_w_d48_lr2e-3' not in variants  # half lost
+    assert not cpu_grids.wide_edge_pending()
+    rates = grid_report.scale_rates_table()
+    assert '| width 192, edge check | `sa_w16` | 4e-3 | 1.6000 | 2e-3 | 1.5000 | 2e-3 (half: the chosen rate is at an edge at this width) |' in rates
+    assert '| width 192, second edge check | `sa_w16` | 2e-3 | 1.5000 | 1e-3 | 1.6000 | 2e-3 |' in rates
+    widths = grid_report.key_pair_widths()
+    better = grid_report.key_pair_widths_edge(widths)
+    assert list(better) == [192] and {v: r['variant'] for v, r in better[192].items()} == \
+        {'ha_share_w': 'ha_share_w_d192_lr4e-3', 'sa_w16': 'sa_w16_d192_lr2e-3'}
+    table = grid_report.width_edge_table(widths)
+    assert '| 192 | 8 |' in table and '| 4e-3, 2e-3 | 5 |' in table and '| 48 |' not in table
+
+
 def test_readout_grid_trains_sa_linear_and_hfa_at_two_rates_then_five_seeds(tmp_path, monkeypatch):
     from tools import cpu_grids
     _write_grids(tmp_path, {'lr_sweep': json.loads((ROOT / 'grids' / 'lr_sweep' / 'results.json').read_text())})

@@ -27,7 +27,8 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   recorded in the committed results.json, which compare.py reads as finished on a fresh clone:
       nice -n 19 python tools/cpu_grids.py long12k,wide --jobs 2 --runs_root ~/nanohfa-runs
       python tools/cpu_grids.py long12k --collect_only    # the results so far (never fewer runs)
-- wide_edge: seed 0 at half the chosen rate wherever the width grid chose the lower of its two.
+- wide_edge: seed 0 at half the chosen rate wherever the width grid chose the lower of its two;
+  where half did better, seeds 0-4 at it and seed 0 at half of it again.
 - wide_flops: windowed SA at each width for the iterations that cost shared HA's 3,000 in
   FLOPs, for the width study's equal-FLOPs reading (after wide).
 - readout: SA, linear and HFA at long12k's length, 5 seeds, for the read-out across seeds
@@ -243,24 +244,27 @@ def wide_choice():
                         lambda p: (p.split('_d')[0], int(p.split('_d')[1].split('_lr')[0])))
 
 
+def seed0_final(grid_name, preset, iters):
+    """The final selection-half val loss of preset's seed-0 run at full length, or None if it has
+    not finished. Read from the run folder or, on a fresh clone, from the grid's committed
+    results.json (runs/ is not in git)."""
+    log = GRIDS / grid_name / 'runs' / preset / 'seed0' / 'log.jsonl'
+    rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
+    if rows and rows[-1]['iter'] >= iters:
+        return rows[-1]['val_loss']
+    path = GRIDS / grid_name / 'results.json'
+    committed = {r['variant']: r for r in json.loads(path.read_text())} if path.exists() else {}
+    seed0 = [r for r in committed.get(preset, {}).get('runs', []) if r['seed'] == 0 and r['tokens']]
+    return seed0[0]['val_loss'] if seed0 else None
+
+
 def seed0_choice(grid_name, candidates, iters, group=lambda p: p.split('_lr')[0]):
     """{group: preset} of the candidate with the lower final selection-half loss of its seed-0
     run at full length, within each group of candidates (a variant's rates); None until every
-    seed-0 run has finished. Read from the run folders or, on a fresh clone, from the grid's
-    committed results.json (runs/ is not in git)."""
-    path = GRIDS / grid_name / 'results.json'
-    committed = {r['variant']: r for r in json.loads(path.read_text())} if path.exists() else {}
-    finals = {}
-    for preset in candidates:
-        log = GRIDS / grid_name / 'runs' / preset / 'seed0' / 'log.jsonl'
-        rows = [json.loads(l) for l in log.read_text().splitlines() if l.strip()] if log.exists() else []
-        seed0 = [r for r in committed.get(preset, {}).get('runs', []) if r['seed'] == 0 and r['tokens']]
-        if rows and rows[-1]['iter'] >= iters:
-            finals[preset] = rows[-1]['val_loss']
-        elif seed0:
-            finals[preset] = seed0[0]['val_loss']
-        else:
-            return None
+    seed-0 run has finished."""
+    finals = {p: seed0_final(grid_name, p, iters) for p in candidates}
+    if None in finals.values():
+        return None
     return {k: min((p for p in finals if group(p) == k), key=finals.get) for k in {group(p) for p in finals}}
 
 
@@ -273,16 +277,29 @@ def wide_grid():
 def wide_edge_grid():
     """{preset: overrides}: seed 0 at half the chosen rate wherever the width grid chose the lower
     of its two rates, so that a choice at the edge of the two shows (read on the selection half
-    only); None until the width grid has chosen."""
+    only). Where half did better, that rate runs seeds 0-4 (the width at the better rates, read
+    beside the width study's own row) and seed 0 runs at half of it again, the next edge check.
+    None until the width grid has chosen."""
     chosen = wide_choice()
     if not chosen:
         return None
     cands, out = wide_candidates(), {}
     for (v, w), preset in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         lr = cands[preset]['learning_rate']
-        if lr == min(o['learning_rate'] for p, o in cands.items() if p.startswith(f'{v}_d{w}_lr')):
-            out[f'{v}_d{w}_lr{lr_tag(lr / 2)}'] = {**with_lr(VARIANTS[v], lr / 2), **WIDTHS[w]}
+        if lr != min(o['learning_rate'] for p, o in cands.items() if p.startswith(f'{v}_d{w}_lr')):
+            continue
+        half = f'{v}_d{w}_lr{lr_tag(lr / 2)}'
+        out[half] = {**with_lr(VARIANTS[v], lr / 2), **WIDTHS[w], 'seeds': 1}
+        base, edge = seed0_final('wide', preset, LONG_ITERS['long3k']), seed0_final('wide_edge', half, LONG_ITERS['long3k'])
+        if base is not None and edge is not None and edge < base:
+            out[half]['seeds'] = LONG12K_SEEDS
+            out[f'{v}_d{w}_lr{lr_tag(lr / 4)}'] = {**with_lr(VARIANTS[v], lr / 4), **WIDTHS[w], 'seeds': 1}
     return out
+
+
+def wide_edge_pending():
+    """True while some edge check's seed-0 run has not finished (its outcome decides the rest)."""
+    return any(seed0_final('wide_edge', p, LONG_ITERS['long3k']) is None for p in wide_edge_grid() or {})
 
 
 def wide_flops_grid():
@@ -394,7 +411,8 @@ def main():
                 continue
         # the long and wide grids run twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
         unchosen = (name == 'long' and not long_choice()) or (name == 'wide' and not wide_choice()) or \
-            (name == 'readout' and not seed0_choice('readout', readout_candidates(), LONG_ITERS['long12k']))
+            (name == 'readout' and not seed0_choice('readout', readout_candidates(), LONG_ITERS['long12k'])) or \
+            (name == 'wide_edge' and wide_edge_pending())
         for _ in range(2 if unchosen and not a.dry_run else 1):
             cmd = command(name, a.jobs, only, a.collect_only)
             print('+', ' '.join(cmd), flush=True)

@@ -693,18 +693,42 @@ def scale_rates_table():
             lines.append(f"| width {w} | `{v}` | {cands[0][0]} | {seed0_loss(cands[0][1]):.4f} | {cands[1][0]} "
                          f"| {seed0_loss(cands[1][1]):.4f} | {low}"
                          f"{' (the lower: a lower rate was not tried)' if low == cands[1][0] else ''} |")
-    chosen = wide_chosen()
-    for p, r in sorted((load('wide_edge') or {}).items()):  # half the chosen rate, where the lower one won
-        v, rest = p.split('_d', 1)
-        w, lr = int(rest.split('_lr')[0]), rest.split('_lr')[1]
-        base = load('wide')[chosen[v, w]] if (v, w) in chosen else None
+    tried = {(p.split('_d', 1)[0], int(p.split('_d', 1)[1].split('_lr')[0]), float(p.rsplit('_lr', 1)[1])): r
+             for g in ('wide', 'wide_edge') for p, r in (load(g) or {}).items()}
+    for (v, w, lr), r in sorted(((k, r) for k, r in tried.items() if k in edge_keys()), key=lambda kr: (kr[0][1], kr[0][0], -kr[0][2])):
+        base = tried.get((v, w, 2 * lr))  # the rate it halves: the width grid's chosen, or the edge check's
         if base is None or seed0_loss(r) is None or seed0_loss(base) is None:
             continue
         edge = seed0_loss(r) < seed0_loss(base)
-        lines.append(f"| width {w}, edge check | `{v}` | {chosen[v, w].rsplit('_lr', 1)[1]} | {seed0_loss(base):.4f} | {lr} "
-                     f"| {seed0_loss(r):.4f} | {lr if edge else chosen[v, w].rsplit('_lr', 1)[1]}"
+        check = 'edge check' if (v, w, 2 * lr) not in edge_keys() else 'second edge check'
+        lines.append(f"| width {w}, {check} | `{v}` | {base['variant'].rsplit('_lr', 1)[1]} | {seed0_loss(base):.4f} "
+                     f"| {r['variant'].rsplit('_lr', 1)[1]} | {seed0_loss(r):.4f} "
+                     f"| {r['variant'].rsplit('_lr', 1)[1] if edge else base['variant'].rsplit('_lr', 1)[1]}"
                      f"{' (half: the chosen rate is at an edge at this width)' if edge else ''} |")
     return '\n'.join(lines)
+
+
+def edge_keys():
+    """{(variant, width, rate)} of the wide_edge grid's presets."""
+    return {(p.split('_d', 1)[0], int(p.split('_d', 1)[1].split('_lr')[0]), float(p.rsplit('_lr', 1)[1]))
+            for p in load('wide_edge') or {}}
+
+
+def key_pair_widths_edge(widths):
+    """{width: {variant: row}} at the widths where an edge check's half rate beat the chosen one:
+    that rate's row (seeds 0-4 from the wide_edge grid) for that variant, the chosen rate's row
+    for the other. Widths whose rates held are left out."""
+    edge, out = load('wide_edge') or {}, {}
+    for w, rows in widths.items():
+        better = {}
+        for v, r in rows.items():
+            lr = float(r['variant'].rsplit('_lr', 1)[1])
+            half = next((p for p in edge if p.startswith(f'{v}_d{w}_lr') and math.isclose(float(p.rsplit('_lr', 1)[1]), lr / 2)), None)
+            if half in edge and None not in (seed0_loss(edge[half]), seed0_loss(r)) and seed0_loss(edge[half]) < seed0_loss(r):
+                better[v] = edge[half]
+        if better:
+            out[w] = {**rows, **better}
+    return out
 
 
 def width_slope(widths):
@@ -819,6 +843,18 @@ def width_gap_table(widths):
                      f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} | {verdict} "
                      f"| {stalled_cell(rows[a], rows[b])} |")
     return '\n'.join(lines)
+
+
+def width_edge_table(widths):
+    """The width table's rows again where an edge check moved a rate, at the better rate, and the
+    slope of the gap against log width with those rows in place (uncorrected: not in the family)."""
+    better = key_pair_widths_edge(widths)
+    table = width_gap_table(better)
+    seeds, _, mean, half, p = width_slope({**widths, **better})
+    if better and len(seeds) >= 2:
+        table += (f"\n\nWith {', '.join(f'width {w}' for w in better)} at these rates, the slope of the gap per "
+                  f"doubling of width is {mean:+.4f} {interval(mean, half)}, p {fmt_p(p)} ({len(seeds)} seeds; uncorrected).")
+    return table
 
 
 def key_pair_widths_flops(widths):
@@ -1069,6 +1105,7 @@ def sections(draw=False):
         out['scale_family'] = scale_family_table(lengths, widths)
         out['scale_lengths'] = length_gap_table(lengths)
         out['scale_widths'] = width_gap_table(widths)
+        out['scale_widths_edge'] = width_edge_table(widths)
         out['scale_cost'] = equal_cost_table(lengths)
         out['scale_widths_flops'] = width_flops_table(widths)
     if draw:
