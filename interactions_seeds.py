@@ -329,6 +329,27 @@ def tables(report):
     return dict(stability=stability, recurring=recurring)
 
 
+def summary(reports):
+    """One row per variant ({name: seeds.json report}): how much of each head is token structure,
+    how far matched heads agree beside unrelated ones, and how many structures recur."""
+    head = ['variant', 'seeds', 'token share, all heads', 'rank corr. matched / unrelated',
+            'class blocks r matched / unrelated', 'top-20 overlap matched / unrelated', 'offset r matched',
+            'in every seed', 'in a majority', 'groups with any']
+    rows = [head, ['---'] * len(head)]
+    for name, r in reports.items():
+        groups, n = r['groups'], r['seeds']
+        shares = [t for g in groups for t in g['token_share']]
+        mean = lambda key: np.mean([np.mean(g[key]) for g in groups])
+        rec = [x for g in groups for x in g['recurring'] + g.get('recurring_three_way', [])]
+        rows.append([f'`{name}`', str(n), f'{min(shares):.2f}-{max(shares):.2f}',
+                     f"{mean('rho'):.2f} / {r['unrelated_rho']:.2f}",
+                     f"{mean('class_block_rho'):.2f} / {r['unrelated_class_block_rho']:.2f}",
+                     f"{mean('overlap'):.1f} / {np.mean([g['unrelated_overlap'] for g in groups]):.1f}",
+                     f"{mean('offset_rho'):.2f}", str(sum(x['seeds'] == n for x in rec)), str(len(rec)),
+                     f"{sum(bool(g['recurring'] or g.get('recurring_three_way')) for g in groups)} of {len(groups)}"])
+    return '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
+
+
 def main(o, dirs, argv=()):
     """interactions.py over several checkpoints of one variant: read each, match, report."""
     import interactions as ia
@@ -393,3 +414,5 @@ if __name__ == '__main__':  # python interactions_seeds.py results/readout_seeds
         print(f"{path}\n")
         for table in tables(json.loads(Path(path).read_text())).values():
             print(table + '\n')
+    if len(sys.argv) > 2:  # every variant side by side
+        print(summary({Path(p).parent.name: json.loads(Path(p).read_text()) for p in sys.argv[1:]}))

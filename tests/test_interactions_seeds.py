@@ -191,3 +191,21 @@ def test_the_docs_tables_state_the_reports_numbers():
     assert f"| unrelated heads |  | {report['unrelated_rho']:.2f} |" in stability
     top = g0['recurring'][0]
     assert recurring.splitlines()[2].startswith(f"| 0 | `{top['text']}` 2,")
+
+
+def test_the_summary_gives_one_row_per_variant_with_its_baselines_and_counts():
+    """summary(): per variant the range of token shares, matched against unrelated agreement, and
+    how many structures are in every seed's matched heads and in a majority's."""
+    gen = torch.Generator().manual_seed(8)
+    ref = fake_heads(gen, 2, n=6)
+    other = [{'ranked': ref[1]['ranked'] + 0.1}, {'ranked': ref[0]['ranked'].clone()}]
+    report = seeds.seed_stability([ref, other], list('abcdef'), k=3)
+    for g in report['groups']:
+        g.update(token_share=[0.1, 0.3], offset_rho=[0.5])
+    row = seeds.summary({'one': report}).splitlines()[2]
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    assert cells[0] == '`one`' and cells[1] == '2' and cells[2] == '0.10-0.30'
+    assert cells[5].endswith(f"/ {np.mean([g['unrelated_overlap'] for g in report['groups']]):.1f}")
+    every = sum(x['seeds'] == 2 for g in report['groups'] for x in g['recurring'])
+    assert every > 0 and cells[7] == str(every)  # two identical heads share their whole top 3
+    assert cells[8] == str(sum(len(g['recurring']) for g in report['groups']))
