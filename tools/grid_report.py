@@ -693,14 +693,14 @@ def scale_rates_table():
             lines.append(f"| width {w} | `{v}` | {cands[0][0]} | {seed0_loss(cands[0][1]):.4f} | {cands[1][0]} "
                          f"| {seed0_loss(cands[1][1]):.4f} | {low}"
                          f"{' (the lower: a lower rate was not tried)' if low == cands[1][0] else ''} |")
-    tried = {(p.split('_d', 1)[0], int(p.split('_d', 1)[1].split('_lr')[0]), float(p.rsplit('_lr', 1)[1])): r
-             for g in ('wide', 'wide_edge') for p, r in (load(g) or {}).items()}
-    for (v, w, lr), r in sorted(((k, r) for k, r in tried.items() if k in edge_keys()), key=lambda kr: (kr[0][1], kr[0][0], -kr[0][2])):
+    tried = {wide_key(p): r for g in ('wide', 'wide_edge') for p, r in (load(g) or {}).items()}
+    checks = {wide_key(p) for p in load('wide_edge') or {}}
+    for (v, w, lr), r in sorted(((k, r) for k, r in tried.items() if k in checks), key=lambda kr: (kr[0][1], kr[0][0], -kr[0][2])):
         base = tried.get((v, w, 2 * lr))  # the rate it halves: the width grid's chosen, or the edge check's
         if base is None or seed0_loss(r) is None or seed0_loss(base) is None:
             continue
         edge = seed0_loss(r) < seed0_loss(base)
-        check = 'edge check' if (v, w, 2 * lr) not in edge_keys() else 'second edge check'
+        check = 'edge check' if (v, w, 2 * lr) not in checks else 'second edge check'
         lines.append(f"| width {w}, {check} | `{v}` | {base['variant'].rsplit('_lr', 1)[1]} | {seed0_loss(base):.4f} "
                      f"| {r['variant'].rsplit('_lr', 1)[1]} | {seed0_loss(r):.4f} "
                      f"| {r['variant'].rsplit('_lr', 1)[1] if edge else base['variant'].rsplit('_lr', 1)[1]}"
@@ -708,10 +708,10 @@ def scale_rates_table():
     return '\n'.join(lines)
 
 
-def edge_keys():
-    """{(variant, width, rate)} of the wide_edge grid's presets."""
-    return {(p.split('_d', 1)[0], int(p.split('_d', 1)[1].split('_lr')[0]), float(p.rsplit('_lr', 1)[1]))
-            for p in load('wide_edge') or {}}
+def wide_key(preset):
+    """(variant, width, rate) of a width-study preset such as 'sa_w16_d192_lr4e-3'."""
+    v, rest = preset.split('_d', 1)
+    return v, int(rest.split('_lr')[0]), float(preset.rsplit('_lr', 1)[1])
 
 
 def key_pair_widths_edge(widths):
@@ -723,7 +723,7 @@ def key_pair_widths_edge(widths):
         better = {}
         for v, r in rows.items():
             lr = float(r['variant'].rsplit('_lr', 1)[1])
-            half = next((p for p in edge if p.startswith(f'{v}_d{w}_lr') and math.isclose(float(p.rsplit('_lr', 1)[1]), lr / 2)), None)
+            half = next((p for p in edge if wide_key(p)[:2] == (v, w) and math.isclose(wide_key(p)[2], lr / 2)), None)
             if half in edge and None not in (seed0_loss(edge[half]), seed0_loss(r)) and seed0_loss(edge[half]) < seed0_loss(r):
                 better[v] = edge[half]
         if better:
