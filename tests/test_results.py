@@ -298,6 +298,16 @@ def test_scale_tables_count_stalled_seeds_per_variant():
     assert grid_report.width_gap_table({96: {'ha_share_w': ha, 'sa_w16': sa}}).splitlines()[2].endswith('| 1, 0 |')
 
 
+def test_equal_flops_table_counts_stalled_seeds_of_the_sa_runs_it_reads(tmp_path, monkeypatch):
+    """Windowed SA at equal FLOPs: one of its five seeds far above the others."""
+    ha = _scale_row('ha_share_w_lr8e-3', {s: 1.50 + 0.001 * s for s in range(5)})
+    sa = {**_scale_row('sa_w16_d48_its3906', {0: 1.55, 1: 1.56, 2: 1.54, 3: 2.60, 4: 1.55}), 'iters': 3906}
+    _write_grids(tmp_path, {'wide_flops': [sa]})
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    widths = {48: {'ha_share_w': ha, 'sa_w16': _scale_row('sa_w16_lr8e-3', {s: 1.6 for s in range(5)})}}
+    assert grid_report.width_flops_table(widths).splitlines()[2].endswith('| 0, 1 |')
+
+
 def test_equal_cost_reads_sa_between_its_own_schedules_in_log_iterations():
     """HA at 1000 iterations costs 2x SA per iteration: SA's equal-cost loss is interpolated at
     2000 iterations between its 1000- and 3000-iteration runs; past 3000 nothing is claimed."""

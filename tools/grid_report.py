@@ -871,18 +871,19 @@ def width_flops_table(widths):
     a, b = KEY_PAIR
     pairs = key_pair_widths_flops(widths)
     lines = ['| width | SA w16 iterations | seeds | HA loss (3,000 its) | SA w16 loss | Δ at equal FLOPs, paired [95% CI] '
-             '| HA better in |', '|---|---|---|---|---|---|---|']
+             '| HA better in | stalled seeds HA, SA |', '|---|---|---|---|---|---|---|---|']
     for w, rows in pairs.items():
         seeds, d, mean, half, _ = paired(rows[a], rows[b])
         if not seeds:
             continue
         fa, fb = (np.array([report_finals(rows[v])[s] for s in seeds]) for v in (a, b))
         lines.append(f"| {w} | {rows[b]['iters']:,} | {len(seeds)} | {fa.mean():.4f} | {fb.mean():.4f} "
-                     f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} |")
+                     f"| {mean:+.4f} {interval(mean, half)} | {int((d < 0).sum())} of {len(d)} "
+                     f"| {stalled_cell(rows[a], rows[b])} |")
     seeds, _, mean, half, p = width_slope(pairs)
     if len(seeds) >= 2:
         lines.append(f'| slope per doubling of width | | {len(seeds)} | | | {mean:+.4f} {interval(mean, half)}, '
-                     f'p {fmt_p(p)} (uncorrected) | |')
+                     f'p {fmt_p(p)} (uncorrected) | | |')
     return '\n'.join(lines)
 
 
