@@ -977,6 +977,10 @@ def plot_scale(lengths, widths):
         fw, fm, fh = zip(*flops)
         ax.errorbar([w * 1.04 for w in fw], fm, yerr=fh, fmt='s--', color='C2', capsize=4,
                     label='equal FLOPs (SA trained longer): mean, 95% CI')
+    for w, rows in key_pair_widths_edge(widths).items():  # read beside the study's row, not in its place
+        seeds, _, m, h, _ = paired(rows[a], rows[b])
+        ax.errorbar([w * 0.96], [m], yerr=[0 if math.isnan(h) else h], fmt='o', mfc='white', color='C3', capsize=4,
+                    label=f'width {w} at the edge check\'s better rates (n={len(seeds)})')
     ax.set_xscale('log', base=2)
     ax.set_xticks(ws, [str(w) for w in ws])
     save_gap_figure(fig, ax, 'width (head size 24; heads = width / 24)', 'HA shared - SA window 16, report half',
