@@ -38,6 +38,7 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -405,8 +406,8 @@ def main():
             grid_args[grid_args.index('--out') + 1] = 'grids/wide' if name == 'wide_step_times' else 'grids/main'
             step_cmd = [sys.executable, 'bench.py', '--rounds', '7', '--step_times'] + grid_args
             print('+', ' '.join(step_cmd), flush=True)
-            if not a.dry_run:
-                subprocess.run(step_cmd, cwd=ROOT, check=True)
+            if not a.dry_run and run_step(step_cmd):
+                sys.exit(f"{name} failed; rerun the same command to measure again")
             if name in ('step_times', 'wide_step_times'):
                 continue
         # the long and wide grids run twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
@@ -417,9 +418,28 @@ def main():
             cmd = command(name, a.jobs, only, a.collect_only)
             print('+', ' '.join(cmd), flush=True)
             if not a.dry_run:
-                rc = subprocess.run(cmd, cwd=ROOT).returncode
+                rc = run_step(cmd)
                 if rc:
                     sys.exit(f"grid {name} failed (exit {rc}); rerun the same command to resume")
+
+
+def run_step(cmd):
+    """Run one step of a grid (compare.py or bench.py) and return its exit code. A SIGTERM sent to
+    this driver alone, as a scheduler sends it, goes on to the step (compare.py then has every
+    train.py save its checkpoint) and the driver exits once the step has, starting nothing more."""
+    child, stopped = subprocess.Popen(cmd, cwd=ROOT), []
+
+    def stop(signum, frame):  # forward only: the wait below is still under way (it holds Popen's lock)
+        stopped.append(signal.Signals(signum).name)
+        child.send_signal(signum)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        rc = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        sys.exit(f"stopped by {stopped[0]}: rerun the same command to resume")
+    return rc
 
 
 if __name__ == '__main__':
