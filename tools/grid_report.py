@@ -708,10 +708,14 @@ def scale_rates_table():
     return '\n'.join(lines)
 
 
+def preset_width(preset):
+    """The width of a width-study preset such as 'sa_w16_d192_lr4e-3' or 'sa_w16_d48_its3906'."""
+    return int(preset.split('_d', 1)[1].split('_')[0])
+
+
 def wide_key(preset):
     """(variant, width, rate) of a width-study preset such as 'sa_w16_d192_lr4e-3'."""
-    v, rest = preset.split('_d', 1)
-    return v, int(rest.split('_lr')[0]), float(preset.rsplit('_lr', 1)[1])
+    return preset.split('_d', 1)[0], preset_width(preset), float(preset.rsplit('_lr', 1)[1])
 
 
 def key_pair_widths_edge(widths):
@@ -861,7 +865,7 @@ def key_pair_widths_flops(widths):
     """{width: {variant: row}}: HA at 3,000 iterations (as in key_pair_widths) against the
     wide_flops grid's windowed SA, trained for the iterations that cost as many FLOPs."""
     a, b = KEY_PAIR
-    sa = {int(p.split('_d')[1].split('_')[0]): r for p, r in (load('wide_flops') or {}).items() if r['n_seeds']}
+    sa = {preset_width(p): r for p, r in (load('wide_flops') or {}).items() if r['n_seeds']}
     return {w: {a: widths[w][a], b: sa[w]} for w in widths if w in sa and a in widths[w]}
 
 
