@@ -943,6 +943,56 @@ def equal_cost_table(lengths):
     return '\n'.join(lines)
 
 
+def verdict_cell(a, b):
+    """The settle rule's verdict, short: 'yes', or 'no: ...' (why not)."""
+    v = settle(a, b)['verdict']
+    return 'yes' if v == 'settled' else 'no: ' + v.removeprefix('not settled: ')
+
+
+def answer_table(longs, lengths, widths):
+    """RESULTS.md's first table: every finding about the key pair (shared HA against SA with the
+    same 16-position window, report half, paired by seed), one row each, with the Holm-adjusted
+    p of the family it was tested in (the long study's or the scale study's); the equal-FLOPs
+    rows are descriptive (no family)."""
+    a, b = KEY_PAIR
+    long_holm = {n: adj for n, x, y, _, adj in long_family(longs) if (x, y) == KEY_PAIR}
+    scale = {claim: adj for claim, *_, adj in scale_family(lengths, widths)}
+    lines = ['| finding | condition (width 96, 3,000 its unless named) | seeds | Δ HA - SA w16, nats/char [95% CI] '
+             '| HA lower in | p, Holm (family) | settled |', '|---|---|---|---|---|---|---|']
+
+    def row(finding, condition, pair, holm_p, family, settled=True):
+        seeds, d, mean, half, _ = paired(*pair)
+        p = f'{fmt_p(holm_p)}{" *" if holm_p < 0.05 else ""} ({family})' if holm_p is not None else 'descriptive'
+        lines.append(f'| {finding} | {condition} | {len(seeds)} | {mean:+.4f} {interval(mean, half)} '
+                     f'| {int((d < 0).sum())} of {len(d)} | {p} | {verdict_cell(*pair) if settled else "-"} |')
+    for n in sorted(lengths):
+        if a in lengths[n] and b in lengths[n]:
+            holm_p = scale.get('gap at 12,000 iterations') if n == 12000 else long_holm.get(n)
+            row('schedule length', f'{n:,} iterations (equal tokens)', (lengths[n][a], lengths[n][b]), holm_p,
+                'scale' if n == 12000 else 'long')
+    seeds, d, mean, half, _ = gap_change(lengths, 6000, 12000)
+    if seeds:
+        lines.append(f'| longer training | change of the gap from 6,000 to 12,000 its | {len(seeds)} '
+                     f'| {mean:+.4f} {interval(mean, half)} | lead grew in {int((d < 0).sum())} of {len(d)} '
+                     f'| {fmt_p(scale["change of the gap from 6,000 to 12,000 iterations"])} (scale) | - |')
+    for w in (48, 192):
+        if w in widths and a in widths[w] and b in widths[w]:
+            holm_p = scale.get(f'gap at width {w} (3,000 its)')
+            row('width', f'width {w} (equal tokens)', (widths[w][a], widths[w][b]), holm_p, 'scale')
+    seeds, slopes, mean, half, _ = width_slope(widths)
+    if len(seeds) >= 2:
+        lines.append(f'| width | slope of the gap per doubling of width (48, 96, 192) | {len(seeds)} '
+                     f'| {mean:+.4f} {interval(mean, half)} | lead grew in {int((slopes < 0).sum())} of {len(slopes)} '
+                     f'| {fmt_p(scale["slope of the gap per doubling of width"])}'
+                     f'{" *" if scale["slope of the gap per doubling of width"] < 0.05 else ""} (scale) | - |')
+    for w, rows in key_pair_widths_edge(widths).items():
+        row('width', f'width {w} at the edge check\'s better rates (HA {rows[a]["variant"].rsplit("_lr", 1)[1]}, '
+                     f'SA {rows[b]["variant"].rsplit("_lr", 1)[1]})', (rows[a], rows[b]), None, '')
+    for w, rows in key_pair_widths_flops(widths).items():
+        row('equal FLOPs', f'width {w}, SA w16 trained {rows[b]["iters"]:,} its', (rows[a], rows[b]), None, '', settled=False)
+    return '\n'.join(lines)
+
+
 def plot_scale(lengths, widths):
     """Two figures: the key pair's selection-half gap against iteration for every schedule length
     (mean and 95% t-interval over seeds), and the final report-half gap against width."""
@@ -1117,6 +1167,7 @@ def sections(draw=False):
         out['scale_widths_edge'] = width_edge_table(widths)
         out['scale_cost'] = equal_cost_table(lengths)
         out['scale_widths_flops'] = width_flops_table(widths)
+        out['answer'] = answer_table(longs, lengths, widths)
     if draw:
         figures(grids)
         if longs.get(LONG_ITERS):
