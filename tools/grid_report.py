@@ -993,6 +993,48 @@ def answer_table(longs, lengths, widths):
     return '\n'.join(lines)
 
 
+def reruns():
+    """The committed reruns (tools/rerun.py --json): one record per rerun of a committed run."""
+    path = GRIDS / 'reproduction' / 'reruns.jsonl'
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def rerun_setting(r):
+    return 'as committed (1 thread)' if r['threads'] == 1 and r['cpu_capability'] == 'default' else \
+        ', '.join(([f"{r['threads']} threads"] if r['threads'] != 1 else []) +
+                  ([f"ATEN_CPU_CAPABILITY={r['cpu_capability']}"] if r['cpu_capability'] != 'default' else []))
+
+
+def reproduction_table(records):
+    """Each rerun's final report-half loss beside the committed one; then, per setting, the
+    largest move of a loss and of the key pair's paired gap (HA - SA w16, the same seed and
+    setting), beside the seed-to-seed spread of those variants and the smallest gap claimed."""
+    lines = ['| grid | run | seed | setting | committed | rerun | difference |', '|---|---|---|---|---|---|---|']
+    for r in records:
+        c = r['report_loss']
+        lines.append(f"| {r['grid']} | `{r['preset']}` | {r['seed']} | {rerun_setting(r)} | {c['committed']:.6f} "
+                     f"| {c['rerun']:.6f} | {c['diff']:+.6f}{' (bit-identical)' if c['diff'] == 0 else ''} |")
+    a, b = KEY_PAIR
+    by = {(r['grid'], r['preset'].split('_d')[0].rsplit('_lr', 1)[0], r['seed'], rerun_setting(r)): r['report_loss']['diff']
+          for r in records}
+    lines += ['', '| setting | reruns | largest loss move | largest move of the paired gap HA - SA w16 |', '|---|---|---|---|']
+    for setting in dict.fromkeys(rerun_setting(r) for r in records):
+        moves = [abs(r['report_loss']['diff']) for r in records if rerun_setting(r) == setting]
+        gaps = [abs(d - by[(g, b, s, st)]) for (g, v, s, st), d in by.items()
+                if st == setting and v == a and (g, b, s, st) in by]
+        lines.append(f"| {setting} | {len(moves)} | {max(moves):.4f} | {max(gaps):.4f} ({len(gaps)} pairs) |"
+                     if gaps else f"| {setting} | {len(moves)} | {max(moves):.4f} | - |")
+    spread = {}
+    for r in records:
+        row = (load(r['grid']) or {}).get(r['preset'])
+        if row and len(row['runs']) >= 2:
+            spread[r['preset']] = float(np.std([x['report_loss'] for x in row['runs']], ddof=1))
+    if spread:
+        lines += ['', f"Seed-to-seed std of these runs' report losses (their committed seeds): "
+                      f"{min(spread.values()):.4f} to {max(spread.values()):.4f}."]
+    return '\n'.join(lines)
+
+
 def plot_scale(lengths, widths):
     """Two figures: the key pair's selection-half gap against iteration for every schedule length
     (mean and 95% t-interval over seeds), and the final report-half gap against width."""
@@ -1168,6 +1210,8 @@ def sections(draw=False):
         out['scale_cost'] = equal_cost_table(lengths)
         out['scale_widths_flops'] = width_flops_table(widths)
         out['answer'] = answer_table(longs, lengths, widths)
+    if reruns():
+        out['reproduction'] = reproduction_table(reruns())
     if draw:
         figures(grids)
         if longs.get(LONG_ITERS):
