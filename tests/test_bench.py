@@ -176,3 +176,28 @@ def test_memory_rows_see_activation_checkpointing(keep_threads):
                                             bias=False)).get_num_params(non_embedding=False)
     assert plain['step_bytes'] > 50 * 2 ** 20 and ac['step_bytes'] < 0.6 * plain['step_bytes'], (plain['step_bytes'], ac['step_bytes'])
     assert plain['peak_bytes'] == plain['held_bytes'] + plain['step_bytes']
+
+
+def bench_run(scale):
+    """The records bench.py's CPU sweep writes, for the rows docs/performance.md's table reads;
+    every speed of a run scaled alike (a run under more load), except sa's train step."""
+    rec = lambda v, m, L, tps, mem=None, frac=None: dict(variant=v, mode=m, block_size=L, tokens_per_s=tps,
+                                                          peak_mem_bytes=mem, frac_of_matmul_peak=frac)
+    return [rec('ha', 'attention', 256, 1000 * scale, frac=0.25), rec('ha_ref', 'attention', 256, 100 * scale),
+            rec('sa', 'train_step', 256, 2000, mem=10), rec('hfa_v1', 'train_step', 256, 1200 * scale),
+            rec('hfa_v2', 'train_step', 256, 1000 * scale), rec('ha', 'train_step', 256, 500 * scale, mem=12),
+            rec('ha', 'train_step', 1024, 50, mem=24),
+            rec('sa', 'sample_cache', 65, 500), rec('sa', 'sample_nocache', 65, 100)]
+
+
+def test_cpu_table_gives_median_and_range_of_ratios_taken_within_each_run():
+    sys.path.insert(0, str(ROOT / 'tools'))
+    import bench_table
+    text = bench_table.table([bench_run(1.0), bench_run(0.8), bench_run(1.1)])
+    row = lambda name: next(l for l in text.splitlines() if l.startswith(f'| {name}'))
+    assert row('HA attention L=256: tokens/s against') == \
+        '| HA attention L=256: tokens/s against the naive reference | 10.00x | 10.00 to 10.00 |'
+    assert row('hfa_v1 train step') == "| hfa_v1 train step L=256: tokens/s / SA's | 0.60x | 0.48 to 0.66 |"
+    assert row('HA train step: peak memory') .endswith('| 2.00x | 2.00 to 2.00 |')
+    assert row('KV-cache') .endswith('| 5.00x | 5.00 to 5.00 |')
+    assert 'median of 3 runs' in text.splitlines()[0]
