@@ -69,7 +69,8 @@ def main():
     p.add_argument('--json', default='', help='append the comparison as one JSON line to this file')
     a = p.parse_args()
     committed = committed_run(a.grid, a.preset, a.seed)
-    out = Path(a.runs_root) / setting_name(a.threads, a.cpu_capability) / a.grid
+    # a folder of its own per run: compare.py's summary of a folder never drops another run's row
+    out = Path(a.runs_root) / setting_name(a.threads, a.cpu_capability) / a.grid / f'{a.preset}_seed{a.seed}'
     env = dict(os.environ)
     env.pop('ATEN_CPU_CAPABILITY', None)
     if a.cpu_capability:
