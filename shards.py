@@ -10,10 +10,10 @@ for a headered one: the magic would be its first two tokens, 54,216 and 308, and
 50,257. Every file is memory-mapped, never read whole, and a split is one sequence: its files
 end to end (Tokens), so the same tokens as one file or as shards give the same windows.
 
-Shards are written (write_split) in llm.c's format, each to a temporary name, flushed to disk
-and renamed, and a progress file records after each shard where the next one starts (document
-and token), so a preparation killed after shard k starts again at shard k+1: it re-tokenizes
-nothing before that point and rewrites no finished shard.
+Shards are written (write_split) in llm.c's format, each to a temporary name and flushed to
+disk; a progress file then records it and where the next one starts (document, and tokens of
+it already written), and only then is it renamed into place. A preparation killed after shard k
+starts again at shard k+1: it tokenizes nothing before that point again and rewrites no shard.
 """
 
 import functools
@@ -179,8 +179,9 @@ def agreed(check):
 # writing shards
 
 def write_shard(path, pieces, n):
-    """n tokens (the uint16 arrays `pieces`) as an llm.c shard: header, tokens, flushed to disk,
-    then renamed into place, so a shard under its own name is always whole."""
+    """n tokens (the uint16 arrays `pieces`) as an llm.c shard, written to <path>.tmp and flushed to
+    disk; the caller renames it into place once its progress file says so (a shard under its own
+    name is always whole). Returns the temporary path."""
     header = np.zeros(HEADER_INTS, dtype='<i4')
     header[:3] = GPT2_MAGIC, FORMATS[GPT2_MAGIC][0], n
     tmp = path.with_name(path.name + '.tmp')  # not *.bin: never taken for a shard
@@ -190,7 +191,7 @@ def write_shard(path, pieces, n):
             f.write(p.astype('<u2', copy=False).tobytes())
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
 
 
 def write_split(out, split, ds, tokenize, shard_tokens, progress, save, keep_lengths=False, block=4096):
@@ -200,6 +201,13 @@ def write_split(out, split, ds, tokenize, shard_tokens, progress, save, keep_len
     tokens of it already written): a run started again goes on from there. Returns the progress."""
     from tqdm import tqdm
     p = progress.setdefault(split, {'shards': [], 'next_doc': 0, 'skip': 0, 'lengths': []})
+    for entry in p['shards']:  # killed between saving the progress and renaming the last shard: rename it
+        path = Path(out) / entry['file']
+        if not path.exists():
+            if not path.with_name(path.name + '.tmp').exists():
+                raise UserError(f"{path} is missing though {Path(out) / PROGRESS} lists it as written; move "
+                                f"{out} away and prepare the data again")
+            os.replace(path.with_name(path.name + '.tmp'), path)
     if p.get('done'):
         return p
     doc, skip = p['next_doc'], p['skip']
@@ -236,10 +244,11 @@ def write_split(out, split, ds, tokenize, shard_tokens, progress, save, keep_len
             first, skip = first + 1, 0
         n_pending -= n
         name = f'{split}_{len(p["shards"]):06d}.bin'
-        write_shard(Path(out) / name, take, n)
+        tmp = write_shard(Path(out) / name, take, n)
         p['shards'].append({'file': name, 'tokens': n})
         p.update(next_doc=first, skip=skip, lengths=lengths[:first] if keep_lengths else [])
-        save(progress)
+        save(progress)  # first the progress, then the rename: a shard in place is always in the progress
+        os.replace(tmp, Path(out) / name)
     bar.close()
     p['done'] = True
     save(progress)

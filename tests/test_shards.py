@@ -393,4 +393,6 @@ def test_shard_unreadable_on_one_process_stops_every_process_with_one_line(runs)
     line = (f"error: process 1 of 2: {runs['tmp'] / 'shards' / 'fineweb_train_000003.bin'} cannot be read "
             f"(Permission denied); check that the file is there and readable (under torchrun: on every node)")
     assert [l for l in log.splitlines() if l.startswith('error:')] == [line], log
-    assert 'Traceback' not in log and 'step 0' not in log
+    reported = [l.split(':', 1)[1].strip() for l in log.splitlines() if l.strip().startswith('traceback :')]
+    assert reported == [line, line], log  # torchrun's report: both processes exited with it
+    assert 'train.py", line' not in log and 'shards.py", line' not in log and 'step 0' not in log
