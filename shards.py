@@ -16,6 +16,7 @@ it already written), and only then is it renamed into place. A preparation kille
 starts again at shard k+1: it tokenizes nothing before that point again and rewrites no shard.
 """
 
+import bisect
 import functools
 import json
 import os
@@ -86,6 +87,8 @@ class Tokens:
         self.parts = [p.view(np.ndarray) for p in parts]  # plain views of the maps: faster to slice
         self.files, self.magic, self.dtype = files, magic, parts[0].dtype
         self.starts = np.cumsum([0] + [len(p) for p in parts]).tolist()
+        sizes = [len(p) for p in parts]  # shards of one size but the last (ours, llm.c's): found by division
+        self.size = sizes[0] if len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0] else None
 
     def __len__(self):
         return self.starts[-1]
@@ -94,7 +97,7 @@ class Tokens:
         if not isinstance(s, slice) or s.step not in (None, 1):
             raise TypeError("Tokens takes slices with step 1")
         start, stop, _ = s.indices(len(self))
-        i = int(np.searchsorted(self.starts, start, 'right')) - 1
+        i = min(start // self.size, len(self.parts) - 1) if self.size else bisect.bisect_right(self.starts, start) - 1
         if stop <= self.starts[i + 1]:  # within one file: a view, nothing copied
             return self.parts[i][start - self.starts[i]:max(start, stop) - self.starts[i]]
         pieces = []

@@ -235,6 +235,8 @@ def test_written_shards_are_the_single_files_tokens(prepared):
         a = np.fromfile(one / f'{split}.bin', np.uint16)
         b = data.open_split(sh, split, 8)
         assert b.magic == 20240520 and (a == b[0:len(b)]).all()
+        for i in (0, 995, 1000, 1999, 2001, len(a) - 12):  # shards of one size: found by division
+            assert (b[i:i + 12] == a[i:i + 12]).all(), i
     header = np.fromfile(sh / 'train_000001.bin', '<i4', count=3)  # llm.c's format, read by hand
     assert header.tolist() == [20240520, 1, 1000] and (sh / 'train_000001.bin').stat().st_size == 1024 + 2000
     assert not (sh / shards.PROGRESS).exists()
