@@ -3,7 +3,7 @@ llm.c's format, read as one sequence; shards written by prepare_openwebtext.py t
 
 The shards read here are written by the test itself from the format's description (256 int32:
 magic, version, token count, then the tokens), not by our writer. Training runs (slow) are tiny
-and launched together: one file vs shards of the same tokens (sa and ha), a run on shards killed
+and launched together: one file vs shards of the same tokens (sa, ha, and sa under DDP with 2 processes), a run on shards killed
 and resumed, a shard unreadable on one process under torchrun, and a cut-short shard.
 """
 
@@ -243,6 +243,13 @@ def test_written_shards_are_the_single_files_tokens(prepared):
     assert 'shard(s): train_000000.bin' in data.summary(sh)
 
 
+def test_heldout_halves_of_shards_are_those_of_one_file(prepared):
+    one, sh = prepared['one'], prepared['sh']
+    assert len(data.read_meta(sh)['shards']['train']) > 1
+    for a, b in zip(data.heldout_halves(one, data.read_meta(one), 8), data.heldout_halves(sh, data.read_meta(sh), 8)):
+        assert len(a) > 100 and (a == b).all()
+
+
 def test_a_different_preparation_never_overwrites_a_dataset(prepared):
     src, sh, root = prepared['src'], prepared['sh'], prepared['tmp']
     before = files(sh)
@@ -333,6 +340,8 @@ def runs(tmp_path_factory):
         'ha_shards': ([*TINY, *HA, f'--data_dir={sh}'], {}),
         'killed': ([*TINY, f'--data_dir={sh}'], {'hooks': True, 'NANOHFA_TEST_DIE_AT': '6'}),
         'cut': ([*TINY, f'--data_dir={cut}'], {}),
+        'ddp_one': ([*TINY, '--dropout=0.0', f'--data_dir={one}'], {'torchrun': True}),
+        'ddp_shards': ([*TINY, '--dropout=0.0', f'--data_dir={sh}'], {'torchrun': True}),
         'unreadable': ([*TINY, f'--data_dir={sh}'], {'hooks': True, 'torchrun': True,
                                                       'NANOHFA_TEST_UNREADABLE': '1:fineweb_train_000003.bin'}),
     }
@@ -355,7 +364,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('attention', ['sa', 'ha'])
+@pytest.mark.parametrize('attention', ['sa', 'ha', 'ddp'])
 def test_one_file_and_shards_train_identically(runs, attention):
     tmp, rc = runs['tmp'], runs['rc']
     assert rc[f'{attention}_one'] == 0 and rc[f'{attention}_shards'] == 0, runs[f'{attention}_shards_log']
