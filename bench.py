@@ -900,7 +900,8 @@ def shard_rows(args):
                    data_bytes=2 * n * k)
         print(f"{k} shards of {n:,} tokens vs one file: {rec['windows_per_s_shards']:,} vs "
               f"{rec['windows_per_s_one_file']:,} windows/s (ratio {rec['ratio']}); opening the shards added "
-              f"{rec['open_rss_bytes'] / 2 ** 10:.0f} KiB of resident memory for {rec['data_bytes'] / 2 ** 20:.0f} MiB of tokens")
+              f"{rec['open_rss_bytes'] / 2 ** 10:.0f} KiB of resident memory for {rec['data_bytes'] / 2 ** 20:.0f} MiB "
+              f"of tokens")
         return [rec]
     finally:
         shutil.rmtree(tmp)

@@ -5,7 +5,9 @@ Layout (nanoGPT's): data/<name>/train.bin and val.bin hold uint16 token ids; met
 holds the tokenizer, vocabulary size and token counts (and, for characters, the
 vocabulary). Character datasets also get nanoGPT's meta.pkl. Every file is written to a
 temporary name and renamed, so a failed run never leaves a half-written dataset behind
-or replaces a good one.
+or replaces a good one. Large corpora are written as shards instead (train_000000.bin, ...,
+in llm.c's format), and a split of shards, ours or llm.c's and modded-nanogpt's, reads as one
+sequence, the same as one file of the same tokens (shards.py).
 
 Sources all go through datasets.load_dataset: a Hub id (OpenWebText by default; a
 revision and a config name may be given, e.g. the Hub's refs/convert/parquet branch for
@@ -199,7 +201,8 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_
     progress = shards.read_progress(out) if shard_tokens else None
     resuming = progress is not None and progress.get('plan') == plan
     if shard_tokens and not resuming and found and (meta or {}).get('prepared_with') != plan:
-        was = {k for k in plan if ((progress or {}).get('plan') or (meta or {}).get('prepared_with') or {}).get(k) != plan[k]}
+        theirs = (progress or {}).get('plan') or (meta or {}).get('prepared_with') or {}
+        was = {k for k in plan if theirs.get(k) != plan[k]}
         raise UserError(f"{out} holds a dataset prepared with other settings ({', '.join(sorted(was)) or 'not ours'}); "
                         f"nothing was changed: give another --name, or move {out} away to prepare it again")
     ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by,
@@ -250,7 +253,7 @@ def write_shards(out, splits, enc, shard_tokens, num_proc, meta, plan, progress)
     try:
         for split, d in splits.items():
             p = shards.write_split(out, split, d, tokenize, shard_tokens, progress, save, keep_lengths=split == 'val',
-                                   block=max(4096, 1024 * num_proc))
+                                   block=4096 if num_proc == 1 else 16384 * num_proc)  # worker start-up per block
             meta[f'{split}_tokens'] = sum(s['tokens'] for s in p['shards'])
             if split == 'val':  # document lengths, in file order: heldout_halves splits by document
                 meta['val_documents'] = p['lengths']
@@ -263,7 +266,8 @@ def write_shards(out, splits, enc, shard_tokens, num_proc, meta, plan, progress)
 
 def shards_whole(out, meta):
     """Every shard meta.json lists is there, at its size (a finished preparation: nothing to do)."""
-    return all((out / s['file']).is_file() and (out / s['file']).stat().st_size == 4 * shards.HEADER_INTS + 2 * s['tokens']
+    size = lambda p: p.stat().st_size if p.is_file() else None
+    return all(size(out / s['file']) == 4 * shards.HEADER_INTS + 2 * s['tokens']
                for split in meta['shards'].values() for s in split)
 
 
@@ -276,7 +280,8 @@ def summary(folder):
     for split in ('train', 'val'):
         if f'{split}_tokens' in meta:
             listed = meta.get('shards', {}).get(split)
-            files = f"{len(listed)} shard(s): {listed[0]['file']}{' ...' * (len(listed) > 1)}" if listed else f'{split}.bin'
+            files = (f"{len(listed)} shard(s): {listed[0]['file']}{' ...' * (len(listed) > 1)}" if listed
+                     else f'{split}.bin')
             rows.append((split, f"{meta[f'{split}_tokens']:>13,} tokens  ({files})"))
     in_data = folder.resolve().parent == DATA.resolve()
     where = f"--dataset={folder.name}" if in_data else f"--data_dir={folder}"
@@ -408,11 +413,11 @@ def split_tokens(folder, split, block_size):
     train = shards.split_files(folder, 'train') if tokens is None and split != 'train' else []
     if train and train != [folder / 'train.bin']:
         raise UserError(f"{folder} holds train shards but no {split} shards ({split}_*.bin or *_{split}_*.bin); "
-                        f"llm.c's and modded-nanogpt's downloads hold the held-out shard as fineweb_{split}_000000.bin: "
-                        f"fetch it too, or prepare the data again")
+                        f"llm.c's and modded-nanogpt's downloads hold the held-out shard as "
+                        f"fineweb_{split}_000000.bin: fetch it too, or prepare the data again")
     if tokens is None:
-        raise UserError(f"{folder / f'{split}.bin'} not found; prepare the data first, e.g. `python prepare_shakespeare.py` "
-                        f"or `python prepare_openwebtext.py --source=... --name={folder.name}` (or give a folder of "
+        raise UserError(f"{folder / f'{split}.bin'} not found; prepare the data first, e.g. "
+                        f"`python prepare_shakespeare.py` or `python prepare_openwebtext.py --source=... --name={folder.name}` (or give a folder of "
                         f"shards: {split}_*.bin, *_{split}_*.bin)")
     if len(tokens) <= block_size + 1:
         where = tokens.files[0] if len(tokens.files) == 1 else f"{folder}'s {len(tokens.files)} {split} shards"
@@ -524,5 +529,6 @@ def tiling_offsets(n_tokens, block_size):
 def windows(data, offsets, block_size):
     """Inputs and next-token targets (int64) for windows starting at the given offsets."""
     import torch
-    rows = np.stack([data[i:i + block_size + 1] for i in getattr(offsets, 'tolist', lambda: offsets)()]).astype(np.int64)  # one read each
+    offsets = offsets.tolist() if hasattr(offsets, 'tolist') else offsets
+    rows = np.stack([data[i:i + block_size + 1] for i in offsets]).astype(np.int64)  # one read a window
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())

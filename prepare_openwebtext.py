@@ -50,9 +50,12 @@ def main():
     if a.tokenizer == 'char' and not a.name:
         name += '_char'
     val_fraction = a.val_fraction if a.val_fraction is not None else (0.0005 if a.source == 'openwebtext' else 0.1)
+    meta = os.path.join(a.root, name, 'meta.json')
+    stamp = lambda: os.stat(meta).st_mtime_ns if os.path.exists(meta) else None
+    before = stamp()
     out = data.prepare(a.source, name, a.tokenizer, val_fraction, a.num_proc, a.hf_id, a.sample_by,
                        root=a.root, hf_revision=a.hf_revision, hf_config=a.hf_config, shard_tokens=a.shard_tokens)
-    print(f"wrote {out}:\n{data.summary(out)}")
+    print(f"{'wrote ' * (stamp() != before)}{out}:\n{data.summary(out)}")  # unchanged: already prepared
 
 
 if __name__ == '__main__':

@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import re
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -215,7 +216,7 @@ def write_split(out, split, ds, tokenize, shard_tokens, progress, save, keep_len
         return p
     doc, skip = p['next_doc'], p['skip']
     lengths = p['lengths'][:doc]  # whole documents' lengths (val only: the held-out halves need them)
-    pending, n_pending, first = [], 0, doc  # token arrays not yet written, one per document from `first`
+    pending, n_pending, first = deque(), 0, doc  # token arrays not yet written, one per document from `first`
     bar = tqdm(total=len(ds), initial=doc, desc=f'{split} shards', unit='doc', leave=False)
     i = doc
     while True:
@@ -224,7 +225,7 @@ def write_split(out, split, ds, tokenize, shard_tokens, progress, save, keep_len
             if keep_lengths:
                 lengths += [len(a) for a in ids]
             ids[0] = ids[0][skip if i == doc else 0:]
-            pending += ids
+            pending.extend(ids)
             n_pending += sum(len(a) for a in ids)
             bar.update(len(ids))
             i += len(ids)
@@ -236,14 +237,14 @@ def write_split(out, split, ds, tokenize, shard_tokens, progress, save, keep_len
         while need:
             a = pending[0]
             if len(a) <= need:
-                take.append(pending.pop(0))
+                take.append(pending.popleft())
                 need -= len(a)
                 first, skip = first + 1, 0
             else:
                 take.append(a[:need])
                 pending[0], skip, need = a[need:], skip + need, 0
         while pending and not len(pending[0]):  # empty documents
-            pending.pop(0)
+            pending.popleft()
             first, skip = first + 1, 0
         n_pending -= n
         name = f'{split}_{len(p["shards"]):06d}.bin'

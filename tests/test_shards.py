@@ -3,8 +3,9 @@ llm.c's format, read as one sequence; shards written by prepare_openwebtext.py t
 
 The shards read here are written by the test itself from the format's description (256 int32:
 magic, version, token count, then the tokens), not by our writer. Training runs (slow) are tiny
-and launched together: one file vs shards of the same tokens (sa, ha, and sa under DDP with 2 processes), a run on shards killed
-and resumed, a shard unreadable on one process under torchrun, and a cut-short shard.
+and launched together: one file vs shards of the same tokens (sa, ha, and sa under DDP with 2
+processes), a run on shards killed and resumed, a shard unreadable on one process under
+torchrun, and a cut-short shard.
 """
 
 import json
@@ -167,7 +168,8 @@ BAD = {
     'train_val_kinds': (_val_other_kind, "the train and val files of {d} are of different kinds"),
     'empty_folder': (_empty, "{d}/train.bin not found; prepare the data first"),
     'both_layouts': (_both_layouts, "holds both train.bin and 4 train shard(s)"),
-    'listed_shard_missing': (_listed_missing, "fineweb_train_000003.bin (1,400 tokens), listed in meta.json, is missing"),
+    'listed_shard_missing': (_listed_missing,
+                             "fineweb_train_000003.bin (1,400 tokens), listed in meta.json, is missing"),
 }
 
 
@@ -193,8 +195,8 @@ def test_shards_with_another_vocabulary_are_refused(tmp_path):
 # -----------------------------------------------------------------------------
 # writing
 
-CORPUS = [' '.join(['shall the king speak', 'of love and war', 'while the fool sings'][i % 3] for _ in range(3 + i % 11))
-          + f' {i}.' for i in range(60)]
+PHRASES = ['shall the king speak', 'of love and war', 'while the fool sings']
+CORPUS = [' '.join(PHRASES[i % 3] for _ in range(3 + i % 11)) + f' {i}.' for i in range(60)]
 
 
 def corpus(tmp):
@@ -229,7 +231,8 @@ def prepared(tmp_path_factory):
 def test_written_shards_are_the_single_files_tokens(prepared):
     one, sh = prepared['one'], prepared['sh']
     meta = data.read_meta(sh)
-    assert [s['file'] for s in meta['shards']['train']] == [f'train_{k:06d}.bin' for k in range(len(meta['shards']['train']))]
+    names = [s['file'] for s in meta['shards']['train']]
+    assert names == [f'train_{k:06d}.bin' for k in range(len(names))]
     assert len(meta['shards']['train']) >= 4 and meta['val_documents'] == data.read_meta(one)['val_documents']
     for split in ('train', 'val'):
         a = np.fromfile(one / f'{split}.bin', np.uint16)
@@ -300,7 +303,7 @@ def test_killed_preparation_resumes_at_the_next_shard_and_ends_byte_identical(pr
     resumed = subprocess.run([PY, *args, '--name=k'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert 'resuming the preparation' in resumed.stdout and '2 shard(s) already written' in resumed.stdout
-    assert {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in ((n, k / n) for n in first)} == first  # not rewritten
+    assert {n: ((k / n).stat().st_ino, (k / n).stat().st_mtime_ns) for n in first} == first  # not rewritten
     assert files(k) == files(whole)  # byte for byte, meta.json included
     t0 = time.time()
     again = subprocess.run([PY, *args, '--name=k'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
