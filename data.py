@@ -476,7 +476,7 @@ def vocabulary_check(folder, meta, splits=('train', 'val')):
                 + ("; if it is a character dataset, re-run its prepare script" if largest < 256 else ''))
     if largest >= meta['vocab_size']:
         raise UserError(f"{folder} holds token id {largest:,} but its vocabulary has {meta['vocab_size']:,} "
-                        f"tokens; the token files and the metadata come from different preparations: "
+                        f"tokens; the .bin files and the metadata come from different preparations: "
                         f"re-run the prepare script")
     return None
 

@@ -126,7 +126,9 @@ def open_split(folder, split, listed=None):
     opened = [open_file(p) for p in files]
     magics = {m for _, m in opened}
     if len(magics) > 1:
-        kinds = {m: next(p.name for p, (_, mm) in zip(files, opened) if mm == m) for m in magics}
+        kinds = {}  # the first file of each kind, in name order
+        for p, (_, m) in zip(files, opened):
+            kinds.setdefault(m, p.name)
         raise UserError(f"the {split} files of {folder} are of different kinds: " + ', '.join(
             f"{name} {describe(m)}" for m, name in kinds.items()) + "; a split needs one tokenizer and one token "
             f"width: keep the files of one preparation")
