@@ -410,3 +410,18 @@ def test_shard_unreadable_on_one_process_stops_every_process_with_one_line(runs)
     reported = [l.split(':', 1)[1].strip() for l in log.splitlines() if l.strip().startswith('traceback :')]
     assert reported == [line, line], log  # torchrun's report: both processes exited with it
     assert 'train.py", line' not in log and 'shards.py", line' not in log and 'step 0' not in log
+
+
+@pytest.mark.slow
+def test_bench_shards_writes_its_record(tmp_path):
+    """bench.py --shards: windows/s from shards and from one file of the same tokens (it checks
+    that both give the same batches) and the resident memory of opening the shards, as JSON."""
+    out = tmp_path / 'shards.json'
+    r = subprocess.run([PY, 'bench.py', '--shards', '--shard_count=20', '--shard_tokens=200000', '--shard_batches=20',
+                        '--rounds=1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert r.returncode == 0, r.stderr
+    [rec] = json.loads(out.read_text())
+    assert rec['shard_count'] == 20 and rec['data_bytes'] == 2 * 20 * 200000
+    assert rec['windows_per_s_shards'] > 0 and rec['windows_per_s_one_file'] > 0 and rec['ratio'] > 0
+    assert 0 <= rec["open_rss_bytes"] < 2 ** 20  # 8 MB of tokens: mapped, not read
