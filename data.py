@@ -203,7 +203,8 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_
     if shard_tokens and not resuming and found and (meta or {}).get('prepared_with') != plan:
         theirs = (progress or {}).get('plan') or (meta or {}).get('prepared_with') or {}
         was = {k for k in plan if theirs.get(k) != plan[k]}
-        raise UserError(f"{out} holds a dataset prepared with other settings ({', '.join(sorted(was)) or 'not ours'}); "
+        why = f"other settings: {', '.join(sorted(was))}" if theirs else 'single files, or not by this script'
+        raise UserError(f"{out} holds a dataset prepared otherwise ({why}); "
                         f"nothing was changed: give another --name, or move {out} away to prepare it again")
     ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by,
                         hf_revision=hf_revision, hf_config=hf_config)

@@ -256,11 +256,15 @@ def test_heldout_halves_of_shards_are_those_of_one_file(prepared):
 def test_a_different_preparation_never_overwrites_a_dataset(prepared):
     src, sh, root = prepared['src'], prepared['sh'], prepared['tmp']
     before = files(sh)
-    with pytest.raises(UserError, match=r"holds a dataset prepared with other settings \(shard_tokens\); nothing"):
+    with pytest.raises(UserError, match=r"holds a dataset prepared otherwise \(other settings: shard_tokens\); nothing"):
         data.prepare(src, 'sh', 'char', val_fraction=0.1, root=root, shard_tokens=500)
     with pytest.raises(UserError, match="holds shards of another preparation"):
         data.prepare(src, 'sh', 'char', val_fraction=0.1, root=root)
     assert files(sh) == before
+    single = files(prepared['one'])
+    with pytest.raises(UserError, match=r"holds a dataset prepared otherwise \(single files, or not by this script\)"):
+        data.prepare(src, 'one', 'char', val_fraction=0.1, root=root, shard_tokens=1000)
+    assert files(prepared['one']) == single
 
 
 def test_hub_path_on_a_local_parquet_writes_shards(prepared):
