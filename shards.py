@@ -117,9 +117,10 @@ def open_split(folder, split, listed=None):
         return None
     if listed:  # our own preparation: exactly the shards it wrote
         want = {e['file']: e['tokens'] for e in listed}
-        for name in sorted(set(want) - {p.name for p in files}):
-            raise UserError(f"{Path(folder) / name} ({want[name]:,} tokens), listed in meta.json, is missing; "
-                            f"copy it back or prepare the data again")
+        missing = sorted(set(want) - {p.name for p in files})
+        if missing:
+            raise UserError(f"{Path(folder) / missing[0]} ({want[missing[0]]:,} tokens), listed in meta.json, is "
+                            f"missing; copy it back or prepare the data again")
         for p in files:
             if p.name not in want:
                 raise UserError(f"{p} is not one of the shards meta.json lists; move it out of the folder")
