@@ -10,6 +10,7 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
     python bench.py --rounds 7 --step_times --config config/compare_cpu.py --out grids/main --variants sa,hfa ...
                                               # a compare.py grid's seconds per step (tools/cpu_grids.py)
     python bench.py --memory --out results/memory_cpu.json   # activation checkpointing, DDP and FSDP on CPU
+    python bench.py --shards --out results/shards.json       # training windows from 100 shards vs one file
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
@@ -41,6 +42,11 @@ Modes:
                  (parameters, and AdamW's state once allocated by a warm-up step); `peak_bytes`: the
                  RSS high-water mark over the timed steps; `step_bytes` the difference (activations,
                  gradients, gathered parameters); the largest over the processes
+    shards       (--shards) windows per second that train.py draws (data.windows: random offsets,
+                 batch 12 x 1024 tokens) from --shard_count shards in llm.c's format vs the same
+                 tokens in one train.bin, taking turns batch by batch (a load that comes and goes
+                 slows both alike), from the median seconds per batch; and the resident memory that
+                 opening the shards adds (VmRSS before and after; the tokens are mapped, not read)
     step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
                  of every variant of the grid as train.py takes it, one thread, in rounds that
                  visit the variants in turn (a load that comes and goes hits each alike); the
@@ -760,6 +766,11 @@ def main():
     g.add_argument('--memory_variant', default='sa')
     g.add_argument('--memory_steps', type=int, default=3, help='timed steps per case (the fastest counts)')
     g.add_argument('--memory_timeout', type=float, default=600, help='seconds per case')
+    g = p.add_argument_group('--shards: training windows from shards vs one file')
+    g.add_argument('--shards', action='store_true', help='only the shard rows (windows/s, resident memory)')
+    g.add_argument('--shard_count', type=int, default=100)
+    g.add_argument('--shard_tokens', type=int, default=1_000_000, help='tokens per shard')
+    g.add_argument('--shard_batches', type=int, default=300, help='batches of 12 windows per timed round')
     add_kernel_args(p)
     args = p.parse_args()
 
@@ -770,6 +781,9 @@ def main():
         return
     if args.memory:
         write_records(memory_rows(args), args.out)
+        return
+    if args.shards:
+        write_records(shard_rows(args), args.out)
         return
     if args.step_times is not None:
         grid_step_times(args.step_times, args.rounds)
@@ -842,6 +856,55 @@ def main():
     if with_kernels:
         records += kernel_rows(args)
     write_records(records, args.out)
+
+
+def shard_rows(args):
+    """Windows per second from shards vs one file of the same tokens, and the memory of opening them."""
+    import shutil
+    import tempfile
+    import numpy as np
+    import data
+    import shards
+    n, k, T, B = args.shard_tokens, args.shard_count, 1024, 12
+    tmp = tempfile.mkdtemp(prefix='bench-shards-')
+    try:
+        one, sh = os.path.join(tmp, 'one'), os.path.join(tmp, 'shards')
+        os.makedirs(one)
+        os.makedirs(sh)
+        tokens = np.random.default_rng(0).integers(0, 50257, n * k, dtype=np.uint16)
+        tokens.tofile(os.path.join(one, 'train.bin'))
+        for i in range(k):
+            path = os.path.join(sh, f'train_{i:06d}.bin')
+            os.replace(shards.write_shard(__import__('pathlib').Path(path), [tokens[i * n:(i + 1) * n]], n), path)
+        del tokens
+        rss0 = proc_status('VmRSS')
+        opened = data.split_tokens(sh, 'train', T)
+        rss1 = proc_status('VmRSS')
+        single = data.split_tokens(one, 'train', T)
+        g = torch.Generator().manual_seed(0)
+        offsets = [torch.randint(len(single) - T, (B,), generator=g) for _ in range(args.shard_batches)]
+        for o in offsets:  # the same batches from both (and the page cache warm for both)
+            assert all(torch.equal(a, b) for a, b in zip(data.windows(opened, o, T), data.windows(single, o, T)))
+        spent = {'shards': [], 'one_file': []}  # seconds per batch
+        for r in range(args.rounds):  # the two take turns batch by batch: a load that comes and goes hits both
+            for j, o in enumerate(offsets):
+                for name, split in (('shards', opened), ('one_file', single))[::1 - 2 * ((r + j) % 2)]:
+                    t0 = time.perf_counter()
+                    data.windows(split, o, T)
+                    spent[name].append(time.perf_counter() - t0)
+        med = {name: B / statistics.median(s) for name, s in spent.items()}
+        ratio = med['shards'] / med['one_file']
+        rec = dict(mode='shards', shard_count=k, shard_tokens=n, block_size=T, batch_size=B, rounds=args.rounds,
+                   windows_per_s_shards=round(med['shards']), windows_per_s_one_file=round(med['one_file']),
+                   ratio=round(ratio, 3), open_rss_bytes=rss1 - rss0,
+                   data_bytes=2 * n * k)
+        print(f"{k} shards of {n:,} tokens vs one file: {rec['windows_per_s_shards']:,} vs "
+              f"{rec['windows_per_s_one_file']:,} windows/s (ratio {rec['ratio']}); opening the shards added "
+              f"{rec['open_rss_bytes'] / 2 ** 10:.0f} KiB of resident memory for {rec['data_bytes'] / 2 ** 20:.0f} MiB "
+              f"of tokens")
+        return [rec]
+    finally:
+        shutil.rmtree(tmp)
 
 
 def write_records(records, path):

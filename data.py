@@ -5,7 +5,9 @@ Layout (nanoGPT's): data/<name>/train.bin and val.bin hold uint16 token ids; met
 holds the tokenizer, vocabulary size and token counts (and, for characters, the
 vocabulary). Character datasets also get nanoGPT's meta.pkl. Every file is written to a
 temporary name and renamed, so a failed run never leaves a half-written dataset behind
-or replaces a good one.
+or replaces a good one. Large corpora are written as shards instead (train_000000.bin, ...,
+in llm.c's format), and a split of shards, ours or llm.c's and modded-nanogpt's, reads as one
+sequence, the same as one file of the same tokens (shards.py).
 
 Sources all go through datasets.load_dataset: a Hub id (OpenWebText by default; a
 revision and a config name may be given, e.g. the Hub's refs/convert/parquet branch for
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import hub
+import shards
 import tokenizer as tok
 from errors import UserError
 
@@ -164,34 +167,109 @@ def write_bin(ds, path, n_tokens, batches=1024):
     return tmp
 
 
-def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1,
-            hf_id='Skylion007/openwebtext', sample_by=None, root=DATA, hf_revision=None, hf_config=None):
-    """Tokenize a source into <root>/<name>/{train,val}.bin + meta.json. Returns the folder."""
+def source_stamp(source):
+    """What identifies a local source for a preparation's settings: its files' names and sizes."""
+    path = Path(source)
+    files = sorted(path.glob('*.txt')) if path.is_dir() else [path] if path.is_file() else []
+    return [[p.name, p.stat().st_size] for p in files]
+
+
+def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_id='Skylion007/openwebtext',
+            sample_by=None, root=DATA, hf_revision=None, hf_config=None, shard_tokens=0):
+    """Tokenize a source into <root>/<name>/: {train,val}.bin (shard_tokens=0), or shards of
+    shard_tokens tokens (train_000000.bin, ..., val_000000.bin, in llm.c's format) that a run
+    started again resumes; None: shards of 100M tokens for the Hub, or a local source of more
+    bytes than that, else single files. Then meta.json. Returns the folder."""
+    out = Path(root) / name
+    hub_source = source == 'openwebtext'
+    stamp = None if hub_source or source in GUTENBERG else source_stamp(source)
+    if shard_tokens is None:  # a corpus of more bytes than a shard holds tokens may need several
+        big = hub_source or sum(size for _, size in stamp or []) > shards.SHARD_TOKENS
+        shard_tokens = shards.SHARD_TOKENS if big else 0
+    plan = {'source': str(source), 'files': stamp, 'tokenizer': tokenizer, 'val_fraction': val_fraction,
+            'sample_by': sample_by, 'shard_tokens': shard_tokens,
+            **({'hf_id': hf_id, 'hf_revision': hf_revision, 'hf_config': hf_config} if hub_source else {})}
+    found = [p.name for p in (out.iterdir() if out.is_dir() else []) if p.suffix == '.bin' or p.name == 'meta.json']
+    meta = read_meta(out) if 'meta.json' in found else None
+    if shard_tokens and meta and meta.get('prepared_with') == plan and shards_whole(out, meta):
+        print(f"{out} is already prepared with these settings: nothing to do")
+        return out
+    other = any(f.name not in ('train.bin', 'val.bin') for s in ('train', 'val') for f in shards.split_files(out, s))
+    if not shard_tokens and other:
+        raise UserError(f"{out} holds shards of another preparation; single files beside them would make two layouts: "
+                        f"give another --name, or move {out} away first")
+    progress = shards.read_progress(out) if shard_tokens else None
+    resuming = progress is not None and progress.get('plan') == plan
+    if shard_tokens and not resuming and found and (meta or {}).get('prepared_with') != plan:
+        theirs = (progress or {}).get('plan') or (meta or {}).get('prepared_with') or {}
+        was = {k for k in plan if theirs.get(k) != plan[k]}
+        why = f"other settings: {', '.join(sorted(was))}" if theirs else 'single files, or not by this script'
+        raise UserError(f"{out} holds a dataset prepared otherwise ({why}); "
+                        f"nothing was changed: give another --name, or move {out} away to prepare it again")
     ds = load_documents(source, hf_id=hf_id, num_proc=num_proc, sample_by=sample_by,
                         hf_revision=hf_revision, hf_config=hf_config)
     enc = tok.get(tokenizer, ds['text'] if tokenizer == 'char' else None)
     if enc.vocab_size > 2 ** 16:
         raise UserError(f"vocabulary of {enc.vocab_size} does not fit uint16 token files")
     splits = split_documents(ds, val_fraction)
-    out = Path(root) / name
     out.mkdir(parents=True, exist_ok=True)
     meta = {**enc.meta(), 'source': str(source)}
-    written = []
-    for split, d in splits.items():
-        d = d.map(lambda t: encode(enc, t), input_columns='text', remove_columns=d.column_names,
-                  num_proc=num_proc, desc=f'tokenizing {split}')
-        n = int(np.sum(d['len'], dtype=np.uint64))
-        written.append((write_bin(d, out / f'{split}.bin', n), out / f'{split}.bin'))
-        meta[f'{split}_tokens'] = n
-        if split == 'val':  # document lengths, in file order: heldout_halves splits by document
-            meta['val_documents'] = [int(x) for x in d['len']]
-    for tmp, final in written:  # only now that everything succeeded, replace the old files
-        os.replace(tmp, final)
-    write_atomic(out / 'meta.json', json.dumps(meta, indent=1).encode())
+    if shard_tokens:
+        write_shards(out, splits, enc, shard_tokens, num_proc, meta, plan, progress if resuming else {'plan': plan})
+    else:
+        written = []
+        for split, d in splits.items():
+            d = d.map(lambda t: encode(enc, t), input_columns='text', remove_columns=d.column_names,
+                      num_proc=num_proc, desc=f'tokenizing {split}')
+            n = int(np.sum(d['len'], dtype=np.uint64))
+            written.append((write_bin(d, out / f'{split}.bin', n), out / f'{split}.bin'))
+            meta[f'{split}_tokens'] = n
+            if split == 'val':  # document lengths, in file order: heldout_halves splits by document
+                meta['val_documents'] = [int(x) for x in d['len']]
+        for tmp, final in written:  # only now that everything succeeded, replace the old files
+            os.replace(tmp, final)
+        write_atomic(out / 'meta.json', json.dumps(meta, indent=1).encode())
     if tokenizer == 'char':  # nanoGPT's shakespeare_char layout
         pkl = {'vocab_size': enc.vocab_size, 'itos': dict(enumerate(enc.itos)), 'stoi': enc.stoi}
         write_atomic(out / 'meta.pkl', pickle.dumps(pkl))
     return out
+
+
+def write_shards(out, splits, enc, shard_tokens, num_proc, meta, plan, progress):
+    """Both splits as shards, resuming where `progress` (prepare.json) says an earlier run got to;
+    meta.json (which lists the shards) is written last, and prepare.json then removed."""
+    import datasets
+
+    def tokenize(block):
+        d = block.map(lambda t: encode(enc, t), input_columns='text', remove_columns=block.column_names,
+                      num_proc=num_proc if len(block) >= 64 * num_proc else None, keep_in_memory=True)
+        return [np.asarray(a, dtype=np.uint16) for a in d.with_format('numpy')['ids']]
+
+    save = lambda p: write_atomic(out / shards.PROGRESS, json.dumps(p).encode())
+    save(progress)
+    done = sum(len(progress.get(s, {}).get('shards', [])) for s in splits)
+    if done:
+        print(f"resuming the preparation of {out}: {done} shard(s) already written")
+    datasets.disable_progress_bars()  # one bar per split, over its documents
+    try:
+        for split, d in splits.items():
+            p = shards.write_split(out, split, d, tokenize, shard_tokens, progress, save, keep_lengths=split == 'val',
+                                   block=4096 if num_proc == 1 else 16384 * num_proc)  # worker start-up per block
+            meta[f'{split}_tokens'] = sum(s['tokens'] for s in p['shards'])
+            if split == 'val':  # document lengths, in file order: heldout_halves splits by document
+                meta['val_documents'] = p['lengths']
+    finally:
+        datasets.enable_progress_bars()
+    meta.update(shards={s: progress[s]['shards'] for s in splits}, prepared_with=plan)
+    write_atomic(out / 'meta.json', json.dumps(meta, indent=1).encode())
+    os.remove(out / shards.PROGRESS)
+
+
+def shards_whole(out, meta):
+    """Every shard meta.json lists is there, at its size (a finished preparation: nothing to do)."""
+    size = lambda p: p.stat().st_size if p.is_file() else None
+    return all(size(out / s['file']) == 4 * shards.HEADER_INTS + 2 * s['tokens']
+               for split in meta['shards'].values() for s in split)
 
 
 def summary(folder):
@@ -202,7 +280,10 @@ def summary(folder):
             ('tokenizer', f"{meta['tokenizer']} (vocabulary {meta['vocab_size']:,})")]
     for split in ('train', 'val'):
         if f'{split}_tokens' in meta:
-            rows.append((split, f"{meta[f'{split}_tokens']:>13,} tokens  ({split}.bin)"))
+            listed = meta.get('shards', {}).get(split)
+            files = (f"{len(listed)} shard(s): {listed[0]['file']}{' ...' * (len(listed) > 1)}" if listed
+                     else f'{split}.bin')
+            rows.append((split, f"{meta[f'{split}_tokens']:>13,} tokens  ({files})"))
     in_data = folder.resolve().parent == DATA.resolve()
     where = f"--dataset={folder.name}" if in_data else f"--data_dir={folder}"
     # a config that fits any machine: the 0.8M-parameter CPU model (7M with GPT-2's vocabulary);
@@ -324,24 +405,33 @@ def check_gpt2_tokens(init_from, meta, folder):
                     f"{meta.get('tokenizer')!r} tokenizer; prepare GPT-2 tokens: {fix}")
 
 
-def open_split(folder, split, block_size):
-    path = Path(folder) / f'{split}.bin'
-    if not path.exists():
-        raise UserError(f"{path} not found; prepare the data first, e.g. `python prepare_shakespeare.py` "
-                        f"or `python prepare_openwebtext.py --source=... --name={Path(folder).name}`")
-    size = path.stat().st_size
-    if size == 0 or size % 2:  # uint16 tokens: 2 bytes each
-        raise UserError(f"{path} holds {size:,} bytes, {'nothing' if not size else 'an odd number'}: not a file of "
-                        f"uint16 tokens (cut short?); re-run the prepare script")
-    data = np.memmap(path, dtype=np.uint16, mode='r')
-    if len(data) <= block_size + 1:
-        raise UserError(f"{path} has {len(data)} tokens, not enough for block_size={block_size}; "
+def split_tokens(folder, split, block_size):
+    """A split of a prepared folder as one sequence of tokens (shards.Tokens): <split>.bin, or its
+    shards (<split>_*.bin, *_<split>_*.bin), headerless or in llm.c's format, memory-mapped."""
+    folder = Path(folder)
+    meta = read_meta(folder) or {}
+    tokens = shards.open_split(folder, split, meta.get('shards', {}).get(split))
+    train = shards.split_files(folder, 'train') if tokens is None and split != 'train' else []
+    if train and train != [folder / 'train.bin']:
+        raise UserError(f"{folder} holds train shards but no {split} shards ({split}_*.bin or *_{split}_*.bin); "
+                        f"llm.c's and modded-nanogpt's downloads hold the held-out shard as "
+                        f"fineweb_{split}_000000.bin: fetch it too, or prepare the data again")
+    if tokens is None:
+        raise UserError(f"{folder / f'{split}.bin'} not found; prepare the data first, e.g. "
+                        f"`python prepare_shakespeare.py` or `python prepare_openwebtext.py --source=... --name={folder.name}` (or give a folder of "
+                        f"shards: {split}_*.bin, *_{split}_*.bin)")
+    if len(tokens) <= block_size + 1:
+        where = tokens.files[0] if len(tokens.files) == 1 else f"{folder}'s {len(tokens.files)} {split} shards"
+        raise UserError(f"{where} has {len(tokens)} tokens, not enough for block_size={block_size}; "
                         f"lower block_size or prepare more data")
-    return data
+    return tokens
+
+
+open_split = shards.agreed(split_tokens)  # under torchrun: one process's failure stops every process
 
 
 def max_token(path):
-    """The largest token id in a .bin file: scanned once, then kept in the cache under the file's
+    """The largest token id in a token file: scanned once, then kept in the cache under the file's
     path, size and modification time (OpenWebText's 9B tokens take a while to read)."""
     path = Path(path).resolve()
     st = path.stat()
@@ -352,7 +442,7 @@ def max_token(path):
     except (OSError, ValueError):
         seen = {}
     if key not in seen:
-        data = np.memmap(path, dtype=np.uint16, mode='r')
+        data = shards.open_file(path)[0]
         step = 1 << 26
         seen[key] = int(max(data[i:i + step].max() for i in range(0, len(data), step)))
         try:
@@ -363,10 +453,24 @@ def max_token(path):
     return seen[key]
 
 
-def check_vocabulary(folder, meta, splits=('train', 'val')):
-    """Every token id below the vocabulary of meta.json / meta.pkl; without either, the vocabulary
-    train.py assumes (GPT-2's) is said, with the largest id found. Returns that note or None."""
-    largest = max(max_token(Path(folder) / f'{s}.bin') for s in splits)
+def vocabulary_check(folder, meta, splits=('train', 'val')):
+    """Every token id below the vocabulary of meta.json / meta.pkl, and one kind of file for every
+    split; without metadata, the vocabulary train.py assumes (GPT-2's) is said, with the largest
+    id found (llm.c's GPT-2 shards say so in their header: not scanned). Returns that note or None."""
+    opened = {s: split_tokens(folder, s, 0) for s in splits}
+    kinds = {t.magic for t in opened.values()}
+    if len(kinds) > 1:
+        raise UserError(f"the train and val files of {folder} are of different kinds (" + ', '.join(
+            f"{s} {shards.describe(t.magic)}" for s, t in opened.items()) + "): another tokenizer or token width; "
+            f"keep the files of one preparation")
+    magic = kinds.pop()
+    if meta is None and magic == 20240801:
+        raise UserError(f"{folder} holds uint32 tokens (llm.c's magic 20240801, a vocabulary larger than GPT-2's) "
+                        f"but no meta.json, so they would be taken as GPT-2's 50,257; add a meta.json giving its "
+                        f'tokenizer and vocabulary, e.g. {{"tokenizer": "llama3", "vocab_size": 128256}}')
+    if meta is None and magic == shards.GPT2_MAGIC:
+        return f"note: {folder} holds llm.c shards of GPT-2 tokens (magic 20240520) and no meta.json: vocabulary 50,257"
+    largest = max(max_token(f) for t in opened.values() for f in t.files)
     if meta is None:
         return (f"note: {folder} has no meta.json or meta.pkl, so its tokens are taken as GPT-2's "
                 f"(vocabulary 50,257, padded to 50,304); its largest token id is {largest:,}"
@@ -378,18 +482,21 @@ def check_vocabulary(folder, meta, splits=('train', 'val')):
     return None
 
 
-def heldout_halves(folder, meta, block_size):
+check_vocabulary = shards.agreed(vocabulary_check)
+
+
+def split_halves(folder, meta, block_size):
     """The held-out documents of val.bin split in two, by document: the selection half, for
     every choice a study makes (learning rates, when to stop, settle checks), and the report
     half, for its final numbers only. Documents go, longest first, to the half with fewer
     tokens so far (the selection half on a tie), so the halves are about equal; within a half
     they keep their order in val.bin. Returns (selection, report) token arrays."""
-    path = Path(folder) / 'val.bin'
     lengths = (meta or {}).get('val_documents')
     if not lengths:
         raise UserError(f"{Path(folder) / 'meta.json'} lists no held-out documents (val_documents), so the "
                         f"held-out text cannot be split by document; re-run the prepare script for this dataset")
-    val = open_split(folder, 'val', block_size)
+    val = split_tokens(folder, 'val', block_size)
+    path = val.files[0] if len(val.files) == 1 else f"{folder}'s val shards"
     if sum(lengths) != len(val):
         raise UserError(f"{path} holds {len(val):,} tokens but meta.json's val_documents add up to "
                         f"{sum(lengths):,}; the files are from different preparations: re-run the prepare script")
@@ -410,6 +517,9 @@ def heldout_halves(folder, meta, block_size):
     return halves[0], halves[1]
 
 
+heldout_halves = shards.agreed(split_halves)
+
+
 def tiling_offsets(n_tokens, block_size):
     """Offsets of consecutive, non-overlapping windows over a whole split: each token is
     predicted once (but the first, and a tail shorter than one window)."""
@@ -420,6 +530,6 @@ def tiling_offsets(n_tokens, block_size):
 def windows(data, offsets, block_size):
     """Inputs and next-token targets (int64) for windows starting at the given offsets."""
     import torch
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in offsets])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in offsets])
-    return x, y
+    offsets = offsets.tolist() if hasattr(offsets, 'tolist') else offsets
+    rows = np.stack([data[i:i + block_size + 1] for i in offsets]).astype(np.int64)  # one read a window
+    return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())

@@ -44,7 +44,7 @@ TRAIN = {
         'wandb_run_name': S('gpt2', "wandb run name; a resumed run continues the same wandb run"),
     },
     'data': {
-        'dataset': S('openwebtext', "data/<dataset>/{train,val}.bin"),
+        'dataset': S('openwebtext', "data/<dataset>/{train,val}.bin, or its shards (docs/data.md)"),
         'report_split': S(False, "True: evaluations read the selection half of the held-out documents; "
                                  "the end adds report_loss (every window of the report half)"),
         'data_dir': S('', "default: data/<dataset> beside train.py"),

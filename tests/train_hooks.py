@@ -4,6 +4,7 @@ them. For the tests only:
 
     NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]] python tests/train_hooks.py train.py --key=value ...
     NANOHFA_TEST_READS=events.json python tests/train_hooks.py train.py ...
+    NANOHFA_TEST_UNREADABLE=RANK:NAME python tests/train_hooks.py train.py ...
 
 NANOHFA_TEST_DIE_AT: process RANK (default 0) sends itself SIGKILL at the start of iteration
 ITER (WHERE=step, the default: that iteration's first training forward), halfway through
@@ -16,6 +17,9 @@ train.py's own `iter_num`, read from its globals while it runs.
 NANOHFA_TEST_READS: every host read of a tensor (item, tolist, cpu, numpy, float, int, bool)
 made by the script's own lines, every training forward and every optimizer step are written
 in order to that file at exit: [kind, iteration, 'file:line'].
+
+NANOHFA_TEST_UNREADABLE=RANK:NAME: process RANK gets PermissionError opening any file named NAME
+(a shard missing or unreadable on one node only).
 
 Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`.
 """
@@ -85,6 +89,20 @@ def die_at(at, rank=0, where='step'):
     GPT.forward = forward_then_fault
 
 
+def unreadable(rank, name):
+    """Process RANK cannot open files named NAME: a shard missing or unreadable on its node alone."""
+    if int(os.environ.get('RANK', 0)) != rank:
+        return
+    import builtins
+    real_open = builtins.open
+
+    def refusing_open(file, *args, **kw):
+        if os.path.basename(str(file)) == name:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+        return real_open(file, *args, **kw)
+    builtins.open = refusing_open
+
+
 def record_reads(path):
     import torch
     from model import GPT
@@ -123,6 +141,9 @@ def main():
     if os.environ.get('NANOHFA_TEST_DIE_AT'):
         at, rank, where = (os.environ['NANOHFA_TEST_DIE_AT'].split(':') + ['', ''])[:3]
         die_at(int(at), int(rank or 0), where or 'step')
+    if os.environ.get('NANOHFA_TEST_UNREADABLE'):
+        rank, name = os.environ['NANOHFA_TEST_UNREADABLE'].split(':', 1)
+        unreadable(int(rank), name)
     if os.environ.get('NANOHFA_TEST_READS'):
         record_reads(os.environ['NANOHFA_TEST_READS'])
     runpy.run_path(sys.argv[0], run_name='__main__')
