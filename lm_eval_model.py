@@ -25,21 +25,31 @@ A character model has no end-of-text token: the newline stands in for it (where 
 starts, and the dummy first context of rolling windows).
 """
 
+import difflib
+import json
+import math
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
-from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tqdm import tqdm
+import hub
 
-import checkpoint
-import devices
-import tokenizer as tok
-from errors import UserError
+hub.online()  # before lm_eval imports datasets: offline, Hub lookups then fail at once instead of retrying
+
+import lm_eval  # noqa: E402 (after the probe)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from lm_eval.api.model import TemplateLM  # noqa: E402
+from lm_eval.api.registry import register_model  # noqa: E402
+from lm_eval.models.utils import (Collator, handle_stop_sequences, normalize_gen_kwargs,  # noqa: E402
+                                  postprocess_generated_text)
+from lm_eval.tasks import TaskManager  # noqa: E402
+from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, make_disjoint_window  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import checkpoint  # noqa: E402
+import devices  # noqa: E402
+import tokenizer as tok  # noqa: E402
+from errors import UserError  # noqa: E402
 
 
 def load(path, meta='', kernel=''):
@@ -188,3 +198,148 @@ def note_truncated(lm, file=sys.stderr):
     if lm.truncated:
         print(f"note: {lm.truncated} request(s) longer than block_size={lm.block_size} tokens were cut from the "
               f"left (their context's start), as lm-eval's HF model does", file=file)
+
+
+# -----------------------------------------------------------------------------
+# running tasks: eval.py's command, and compare.py --eval_tasks on every run of a grid
+
+RESULTS = 'lm_eval_results.json'  # beside the checkpoint
+
+
+def task_list(tasks, task_manager):
+    """The task names, each one lm-eval knows (a task, group or tag), else a one-line refusal."""
+    names = [t.strip() for t in tasks.split(',') if t.strip()] if isinstance(tasks, str) else list(tasks)
+    unknown = [t for t in names if t not in task_manager.all_tasks]
+    if not names or unknown:
+        near = {t: difflib.get_close_matches(t, task_manager.all_tasks, n=3) for t in unknown}
+        hints = '; '.join(f"{t}: did you mean {', '.join(m)}?" for t, m in near.items() if m)
+        raise UserError(f"unknown lm-eval task(s) {', '.join(unknown) or '(none given)'}" + (f" ({hints})" if hints else '') +
+                        "; `python -m lm_eval ls tasks` lists them, --include_path DIR adds a folder of task YAMLs")
+    return names
+
+
+def evaluate(path, tasks, include_path='', limit=None, num_fewshot=None, bar=True, **model_args):
+    """lm-eval's results dict for the checkpoint at `path` on `tasks` (names or 'a,b,c'); the
+    request is recorded in it under 'nanohfa' (what compare.py checks before reusing it)."""
+    task_manager = TaskManager(include_path=include_path or None)
+    names = task_list(tasks, task_manager)
+    lm = NanoHFA(path=path, **model_args)
+    try:
+        results = lm_eval.simple_evaluate(model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit,
+                                          task_manager=task_manager, log_samples=False,
+                                          verbosity='WARNING' if bar else 'ERROR')
+    except (OSError, ConnectionError) as e:  # a task's data not in the local cache, offline
+        raise UserError(f"a task's data could not be loaded ({hub.first_line(e)})" + (
+            "; offline: put its dataset in the local datasets cache (HF_DATASETS_CACHE), or give a folder of "
+            "local task YAMLs with --include_path (docs/evaluation.md)" if hub.offline_now() else ''))
+    note_truncated(lm)
+    results['nanohfa'] = request_record(lm.path, names, include_path, limit, num_fewshot)
+    return results
+
+
+def request_record(path, names, include_path, limit, num_fewshot):
+    p = Path(path)
+    return {'checkpoint': str(p), 'checkpoint_mtime': p.stat().st_mtime if p.is_file() else None,
+            'tasks': list(names), 'include_path': str(include_path or ''), 'limit': limit, 'num_fewshot': num_fewshot}
+
+
+def write_results(results, path):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=1, default=handle_non_serializable))
+
+
+def cached_results(run_dir, names, include_path, limit, num_fewshot):
+    """The run's saved results if they answer this very request (same checkpoint, same tasks)."""
+    path = Path(run_dir) / RESULTS
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    want = request_record(Path(run_dir) / 'ckpt.pt', names, include_path, limit, num_fewshot)
+    return saved if saved.get('nanohfa') == want else None
+
+
+# the one number per task in the table: the first of these it reports
+HEADLINE = ('acc_norm', 'acc', 'exact_match', 'bits_per_byte', 'perplexity', 'word_perplexity')
+
+
+def headline(task_results):
+    """(metric, value) the table shows for one task's results."""
+    for m in HEADLINE:
+        if isinstance(task_results.get(f'{m},none'), (int, float)):
+            return m, float(task_results[f'{m},none'])
+    found = [(k.split(',')[0], v) for k, v in task_results.items()
+             if isinstance(v, (int, float)) and ',' in k and '_stderr' not in k]
+    return found[0] if found else (None, float('nan'))
+
+
+def bytes_per_token(folder):
+    """UTF-8 bytes per token of a dataset's held-out text (val.bin): the factor from nats per
+    token to bits per byte. GPT-2's end-of-text tokens count as tokens of no bytes."""
+    import numpy as np
+    import data
+    meta = data.read_meta(folder)
+    if meta is None or not (Path(folder) / 'val.bin').is_file():
+        return None
+    enc = tok.from_meta(meta)
+    ids = np.memmap(Path(folder) / 'val.bin', dtype=np.uint16, mode='r')
+    if enc.name == 'gpt2':
+        ids = ids[ids != enc.eot]
+    n_bytes = len(enc.decode(ids.tolist()).encode('utf-8'))
+    return n_bytes / len(np.memmap(Path(folder) / 'val.bin', dtype=np.uint16, mode='r'))
+
+
+def grid_table(args, rows):
+    """compare.py --eval_tasks: lm-eval's tasks on every finished run (results reused while the
+    checkpoint and request are unchanged), each task's headline metric added to `rows` with mean,
+    std and 95% CI over seeds and the difference against SA paired by seed; the held-out loss also
+    in bits per byte. Returns the markdown table."""
+    import data
+    from grid import REFERENCE, mean_std_ci
+    names = task_list(args.eval_tasks, TaskManager(include_path=args.eval_include_path or None))
+    request = dict(include_path=args.eval_include_path, limit=args.eval_limit, num_fewshot=None)
+    per_seed = {}  # variant -> {column: {seed: value}}
+    for r in rows:
+        cols = per_seed.setdefault(r['variant'], {})
+        bpt = bytes_per_token(data.folder_of(r['config']['data_dir'], r['config']['dataset']))
+        for run in r['runs']:
+            run_dir = Path(args.out) / 'runs' / r['variant'] / f"seed{run['seed']}"
+            if bpt:  # nats per token -> bits per byte
+                cols.setdefault('val bits/byte', {})[run['seed']] = run['val_loss'] / math.log(2) / bpt
+            if not (run_dir / 'ckpt.pt').is_file():
+                continue  # kept in results.json, its folder gone: nothing to evaluate
+            res = cached_results(run_dir, names, **request)
+            if res is None:
+                print(f"lm-eval: {r['variant']} seed {run['seed']} on {', '.join(names)}", flush=True)
+                res = evaluate(run_dir, names, bar=False, **request)
+                write_results(res, run_dir / RESULTS)
+            for task in names:
+                metric, value = headline(res['results'].get(task, {}))
+                if metric:
+                    cols.setdefault(f'{task} {metric}', {})[run['seed']] = value
+    columns = list(dict.fromkeys(c for cols in per_seed.values() for c in cols))
+    ref = per_seed.get(REFERENCE, {})
+    for r in rows:
+        r['lm_eval'] = {}
+        for c in columns:
+            vals = per_seed[r['variant']].get(c, {})
+            mean, std, ci = mean_std_ci(list(vals.values()))
+            paired = [v - ref[c][s] for s, v in vals.items() if s in ref.get(c, {})]
+            d_mean, _, d_ci = mean_std_ci(paired) if r['variant'] != REFERENCE else (float('nan'),) * 3
+            r['lm_eval'][c] = {'mean': mean, 'std': std, 'ci95': ci, 'delta_vs_sa': d_mean, 'delta_ci95': d_ci,
+                               'n_pairs': len(paired), 'per_seed': vals}
+    f = lambda x: '-' if x is None or math.isnan(x) else f'{x:.4f}'
+    lines = [f"lm-eval {lm_eval.__version__} tasks ({', '.join(names)}"
+             f"{f', limit {args.eval_limit}' if args.eval_limit else ''}) on every finished run: each task's headline "
+             f"metric, mean ± std over seeds [95% CI]; Δ vs {REFERENCE} paired by seed (mean of the per-seed "
+             f"differences [95% CI]). Held-out loss in bits per byte: nats/token ÷ ln 2 ÷ the UTF-8 bytes per token "
+             f"of val.bin, one unit for character and BPE runs.", '',
+             '| variant | seeds | val loss (nats/token) | ' + ' | '.join(f'{c} | Δ vs SA' for c in columns) + ' |',
+             '|---|---|---|' + '---|---|' * len(columns)]
+    for r in rows:
+        cells = [f"{f(e['mean'])} ± {f(e['std'])} [{f(e['mean'] - e['ci95'])}, {f(e['mean'] + e['ci95'])}] | "
+                 + ('-' if math.isnan(e['delta_vs_sa']) else f"{e['delta_vs_sa']:+.4f} [{f(e['delta_vs_sa'] - e['delta_ci95'])}, "
+                    f"{f(e['delta_vs_sa'] + e['delta_ci95'])}]") for e in r['lm_eval'].values()]
+        lines.append(f"| {r['variant']} | {r['n_seeds']} | {f(r['val_loss_mean'])} ± {f(r['val_loss_std'])} | "
+                     + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
