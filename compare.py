@@ -532,6 +532,9 @@ def main(argv=None):
         return 0
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)
+    if args.eval_tasks:  # lm-eval's tasks on every finished run: a second table, its numbers added to rows
+        import lm_eval_model
+        table += '\n\n' + lm_eval_model.grid_table(args, rows)
     out = Path(args.out)
     lost = dropped_runs(out, rows, variants)
     if lost and not args.overwrite:

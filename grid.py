@@ -184,6 +184,10 @@ def parse_args(argv, description=''):
     p.add_argument('--est_gpu', default='H100', help="GPU of the --dry_run estimates (hardware.py's table)")
     p.add_argument('--est_mfu', type=float, default=0.30, help='MFU assumed by the --dry_run estimates')
     p.add_argument('--plot', default='', help='also save the plot here (always OUT/compare.png)')
+    p.add_argument('--eval_tasks', default='', help='lm-eval tasks run on every finished run, a table of their '
+                                                     'metrics over seeds (lm_eval_model.py, docs/evaluation.md)')
+    p.add_argument('--eval_include_path', default='', help='a folder of extra lm-eval task YAMLs')
+    p.add_argument('--eval_limit', type=int, default=None, help='documents per lm-eval task (default: all)')
     config = p.parse_known_args(argv)[0].config
     try:
         defaults = config_compare_defaults(config)

@@ -26,8 +26,10 @@ starts, and the dummy first context of rolling windows).
 """
 
 import difflib
+import functools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -35,7 +37,12 @@ import hub
 
 hub.online()  # before lm_eval imports datasets: offline, Hub lookups then fail at once instead of retrying
 
+_env = set(os.environ)
 import lm_eval  # noqa: E402 (after the probe)
+import sklearn  # noqa: E402, F401 (lm-eval's metrics import it during an evaluation)
+
+for _name in set(os.environ) - _env:  # both set flags for the process at import (a Hub download setting,
+    del os.environ[_name]             # an OpenMP one): the environment stays the user's
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from lm_eval.api.model import TemplateLM  # noqa: E402
@@ -193,11 +200,11 @@ class NanoHFA(TemplateLM):
                 'dtype': self.dtype}
 
 
-def note_truncated(lm, file=sys.stderr):
-    """One line, if any context was longer than block_size."""
+def note_truncated(lm):
+    """One line on stderr, if any context was longer than block_size."""
     if lm.truncated:
         print(f"note: {lm.truncated} request(s) longer than block_size={lm.block_size} tokens were cut from the "
-              f"left (their context's start), as lm-eval's HF model does", file=file)
+              f"left (their context's start), as lm-eval's HF model does", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------
@@ -273,20 +280,28 @@ def headline(task_results):
     return found[0] if found else (None, float('nan'))
 
 
+@functools.lru_cache
 def bytes_per_token(folder):
     """UTF-8 bytes per token of a dataset's held-out text (val.bin): the factor from nats per
     token to bits per byte. GPT-2's end-of-text tokens count as tokens of no bytes."""
     import numpy as np
     import data
-    meta = data.read_meta(folder)
-    if meta is None or not (Path(folder) / 'val.bin').is_file():
+    if not (Path(folder) / 'val.bin').is_file():
         return None
-    enc = tok.from_meta(meta)
+    enc = tok.from_meta(data.read_meta(folder) or {'tokenizer': 'gpt2'})  # no meta: nanoGPT's GPT-2 tokens
     ids = np.memmap(Path(folder) / 'val.bin', dtype=np.uint16, mode='r')
     if enc.name == 'gpt2':
         ids = ids[ids != enc.eot]
     n_bytes = len(enc.decode(ids.tolist()).encode('utf-8'))
     return n_bytes / len(np.memmap(Path(folder) / 'val.bin', dtype=np.uint16, mode='r'))
+
+
+def f(x):
+    return '-' if x is None or math.isnan(x) else f'{x:.4f}'
+
+
+def delta_text(delta, half):
+    return '-' if math.isnan(delta) else f"{delta:+.4f} [{f(delta - half)}, {f(delta + half)}]"
 
 
 def grid_table(args, rows):
@@ -319,16 +334,15 @@ def grid_table(args, rows):
                     cols.setdefault(f'{task} {metric}', {})[run['seed']] = value
     columns = list(dict.fromkeys(c for cols in per_seed.values() for c in cols))
     ref = per_seed.get(REFERENCE, {})
-    for r in rows:
-        r['lm_eval'] = {}
+    for r in rows:  # flat keys: results.csv gets a column each; the per-seed values go into the runs
         for c in columns:
             vals = per_seed[r['variant']].get(c, {})
-            mean, std, ci = mean_std_ci(list(vals.values()))
             paired = [v - ref[c][s] for s, v in vals.items() if s in ref.get(c, {})]
-            d_mean, _, d_ci = mean_std_ci(paired) if r['variant'] != REFERENCE else (float('nan'),) * 3
-            r['lm_eval'][c] = {'mean': mean, 'std': std, 'ci95': ci, 'delta_vs_sa': d_mean, 'delta_ci95': d_ci,
-                               'n_pairs': len(paired), 'per_seed': vals}
-    f = lambda x: '-' if x is None or math.isnan(x) else f'{x:.4f}'
+            r[f'{c} mean'], r[f'{c} std'], r[f'{c} ci95'] = mean_std_ci(list(vals.values()))
+            r[f'{c} delta_vs_sa'], _, r[f'{c} delta_ci95'] = \
+                mean_std_ci(paired) if r['variant'] != REFERENCE else (float('nan'),) * 3
+            for run in r['runs']:
+                run[c] = vals.get(run['seed'])
     lines = [f"lm-eval {lm_eval.__version__} tasks ({', '.join(names)}"
              f"{f', limit {args.eval_limit}' if args.eval_limit else ''}) on every finished run: each task's headline "
              f"metric, mean ± std over seeds [95% CI]; Δ vs {REFERENCE} paired by seed (mean of the per-seed "
@@ -337,9 +351,9 @@ def grid_table(args, rows):
              '| variant | seeds | val loss (nats/token) | ' + ' | '.join(f'{c} | Δ vs SA' for c in columns) + ' |',
              '|---|---|---|' + '---|---|' * len(columns)]
     for r in rows:
-        cells = [f"{f(e['mean'])} ± {f(e['std'])} [{f(e['mean'] - e['ci95'])}, {f(e['mean'] + e['ci95'])}] | "
-                 + ('-' if math.isnan(e['delta_vs_sa']) else f"{e['delta_vs_sa']:+.4f} [{f(e['delta_vs_sa'] - e['delta_ci95'])}, "
-                    f"{f(e['delta_vs_sa'] + e['delta_ci95'])}]") for e in r['lm_eval'].values()]
+        cells = [f"{f(r[f'{c} mean'])} ± {f(r[f'{c} std'])} [{f(r[f'{c} mean'] - r[f'{c} ci95'])}, "
+                 f"{f(r[f'{c} mean'] + r[f'{c} ci95'])}] | " + delta_text(r[f'{c} delta_vs_sa'], r[f'{c} delta_ci95'])
+                 for c in columns]
         lines.append(f"| {r['variant']} | {r['n_seeds']} | {f(r['val_loss_mean'])} ± {f(r['val_loss_std'])} | "
                      + ' | '.join(cells) + ' |')
     return '\n'.join(lines)

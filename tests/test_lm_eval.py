@@ -1,0 +1,306 @@
+"""lm-evaluation-harness on our checkpoints (lm_eval_model.py, eval.py, compare.py --eval_tasks),
+offline, with lm-eval's own evaluator over the local tasks in tests/fixtures/lm_eval_tasks:
+- the log-likelihoods lm-eval receives equal those computed directly with model.py (sa, hfa_v1, ha);
+- the cross-check: a tiny GPT-2 written by transformers, evaluated through our init_from folder
+  path and through lm-eval's own `hf` model, gets the same metrics and the same per-request numbers;
+- generate_until is sample.py's greedy decoding, cut at the stop strings;
+- a context longer than block_size is cut from the left, as documented, not an error;
+- eval.py end to end, its one-line refusals, and compare.py's table of task metrics over seeds."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import lm_eval_model
+import tokenizer as tok
+from errors import UserError
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / 'tests' / 'fixtures' / 'lm_eval_tasks'
+MC, TEXT, GEN = 'nanohfa_tiny_mc', 'nanohfa_tiny_text', 'nanohfa_tiny_gen'
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+def fixture_texts():
+    rows = [json.loads(line) for n in ('tiny_mc', 'tiny_text', 'tiny_gen') for line in open(TASKS / f'{n}.json')]
+    return [v if isinstance(v, str) else ''.join(v) for r in rows for v in r.values() if isinstance(v, (str, list))]
+
+
+ENC = tok.CharTokenizer.from_text(fixture_texts() + ['\n'])
+
+
+def tiny(attention, block_size=64, seed=0, scale=1.0):
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=ENC.vocab_size, n_layer=2, n_head=2, n_embd=32,
+                          attention=attention, bias=False)).eval()
+    with torch.no_grad():  # scale > 1: an untrained model whose greedy text varies (at init it repeats a character)
+        for p in model.parameters():
+            p.mul_(scale if p.dim() == 2 else 1.0)
+    return model
+
+
+def save_run(model, out_dir, **extra):
+    """A checkpoint as train.py writes it (the fields readers use)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from dataclasses import asdict
+    torch.save({'model': model.state_dict(), 'model_args': asdict(model.config), 'iter_num': 0, 'best_val_loss': 9.9,
+                'config': {}, 'rng': {}, 'tokenizer': ENC.meta(), **extra}, out_dir / 'ckpt.pt')
+    return out_dir
+
+
+@pytest.fixture(scope='module')
+def task_manager():
+    from lm_eval.tasks import TaskManager
+    return TaskManager(include_path=str(TASKS))
+
+
+def run_tasks(lm, tasks, task_manager, **kw):
+    import lm_eval
+    return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, verbosity='ERROR', **kw)
+
+
+# -----------------------------------------------------------------------------
+# the numbers lm-eval receives, computed directly with model.py's forward
+
+def direct(model, ctx, cont):
+    """log p(cont | ctx), the input cut to block_size + 1 tokens from the left, through model.py's loss."""
+    ids = (ctx + cont)[-(model.config.block_size + 1):]
+    x = torch.tensor([ids[:-1]])
+    y = torch.tensor([[-1] * (len(ids) - 1 - len(cont)) + cont])
+    with torch.no_grad():
+        return -model(x, targets=y)[1].item() * len(cont)
+
+
+def direct_rolling(model, ids, first):
+    """log p(document): windows of block_size predicted tokens, each token predicted once with as
+    much context as fits (the first from `first`, the end-of-text stand-in)."""
+    T, s, total, p = model.config.block_size, [first] + ids, 0.0, 0
+    while p < len(ids):
+        e = min(p + T, len(ids))
+        lo = max(0, e - T)
+        x, y = torch.tensor([s[lo:e]]), torch.tensor([[-1] * (p - lo) + s[p + 1:e + 1]])
+        with torch.no_grad():
+            total -= model(x, targets=y)[1].item() * (e - p)
+        p = e
+    return total
+
+
+@pytest.mark.parametrize('attention', ['sa', 'hfa_v1', 'ha'])
+def test_loglikelihoods_equal_the_model_forward(attention, task_manager):
+    model = tiny(attention)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=3)
+    out = run_tasks(lm, [MC, TEXT], task_manager, log_samples=True)
+    correct = []
+    for s in out['samples'][MC]:
+        got = [resp[0][0] for resp in s['resps']]
+        want = [direct(model, ENC.encode(ctx), ENC.encode(cont)) for ctx, cont in s['arguments']]
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
+        correct.append(int(np.argmax(want)) == s['doc']['answer'])
+    assert out['results'][MC]['acc,none'] == pytest.approx(np.mean(correct))
+    n_windows = 0
+    for s in out['samples'][TEXT]:
+        ids = ENC.encode(s['doc']['text'])
+        n_windows += math.ceil(len(ids) / 64)
+        assert s['resps'][0][0] == pytest.approx(direct_rolling(model, ids, ENC.stoi['\n']), rel=1e-5)
+    assert n_windows > len(out['samples'][TEXT])  # documents longer than block_size: several windows each
+    nll = -sum(s['resps'][0][0] for s in out['samples'][TEXT])
+    n_bytes = sum(len(s['doc']['text'].encode()) for s in out['samples'][TEXT])
+    assert out['results'][TEXT]['bits_per_byte,none'] == pytest.approx(nll / n_bytes / math.log(2), rel=1e-6)
+
+
+def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
+    model = tiny('sa', block_size=32)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    ctx = 'ROMEO: But, soft! what light through yonder window breaks? It is the east, and Juliet is the sun.'
+    cont = ' Arise'
+    (long_ll, _), (short_ll, _) = lm.loglikelihood([SimpleNamespace(args=(ctx, cont)),
+                                                    SimpleNamespace(args=(ctx[-(33 - len(cont)):], cont))])
+    assert len(ctx) > 3 * 32 and lm.truncated == 1  # the short one fits exactly: block_size + 1 tokens
+    assert long_ll == pytest.approx(short_ll, rel=1e-6)
+    assert long_ll == pytest.approx(direct(model, ENC.encode(ctx), ENC.encode(cont)), rel=1e-5)
+    capsys.readouterr()
+    lm_eval_model.note_truncated(lm)
+    note = capsys.readouterr().err
+    assert note.count('\n') == 1 and 'cut from the left' in note
+
+
+# -----------------------------------------------------------------------------
+# the cross-check: our adapter and lm-eval's own hf model on the same tiny GPT-2
+
+@pytest.fixture(scope='module')
+def gpt2_folder(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    folder = tmp_path_factory.mktemp('gpt2') / 'gpt2-tiny'
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=8, n_positions=32, vocab_size=50257)).save_pretrained(folder)
+    # the hf model's tokenizer: GPT-2's BPE built from the same tiktoken ranks (the Hub is out of reach)
+    enc = tok.GPT2Tokenizer()
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=TikTokenConverter(
+        vocab_file=str(tok.ensure_gpt2_ranks()), pattern=enc.enc._pat_str,
+        extra_special_tokens={'<|endoftext|>': enc.eot}).converted(), eos_token='<|endoftext|>')
+    texts = fixture_texts()
+    assert [hf_tok.encode(t) for t in texts] == [enc.encode(t) for t in texts]
+    return folder, hf_tok
+
+
+CROSS_CHECK = {}  # the numbers, for the record (printed by -s)
+
+
+def test_adapter_matches_lm_evals_own_hf_model(gpt2_folder, task_manager):
+    from lm_eval.models.huggingface import HFLM
+    folder, hf_tok = gpt2_folder
+    ours = lm_eval_model.NanoHFA(path=str(folder), device='cpu', batch_size=4)
+    theirs = HFLM(pretrained=str(folder), tokenizer=hf_tok, device='cpu', batch_size=4, dtype='float32')
+    assert ours.block_size == theirs.max_length == 32  # the tasks' contexts and documents exceed it
+    a = run_tasks(ours, [MC, TEXT, GEN], task_manager, log_samples=True)
+    b = run_tasks(theirs, [MC, TEXT, GEN], task_manager, log_samples=True)
+    for task in (MC, TEXT, GEN):
+        for key, value in b['results'][task].items():
+            if isinstance(value, float) and 'stderr' not in key:
+                CROSS_CHECK[f'{task} {key}'] = (a['results'][task][key], value)
+                if key.startswith(('acc', 'exact_match')):
+                    assert a['results'][task][key] == value, key
+                else:
+                    assert a['results'][task][key] == pytest.approx(value, rel=1e-4), key
+        for sa, sb in zip(a['samples'][task], b['samples'][task], strict=True):
+            assert sa['arguments'] == sb['arguments']
+            if task == GEN:
+                assert sa['resps'] == sb['resps']  # greedy text, cut at the same stop strings
+            else:
+                flat = lambda s: [x for r in s['resps'] for x in (r[0] if isinstance(r[0], tuple) else r)]
+                assert flat(sa) == pytest.approx(flat(sb), rel=1e-4, abs=1e-6)
+    assert ours.truncated > 0  # the cut from the left was exercised, and agrees with the hf model's
+    for k, (x, y) in CROSS_CHECK.items():
+        print(f"{k:42s} ours {x:.6f}  hf {y:.6f}")
+
+
+# -----------------------------------------------------------------------------
+# generation: sample.py's greedy decoding, cut at the stop strings
+
+def test_generate_until_is_sample_greedy_cut_at_stop_strings(tmp_path):
+    model = tiny('sa', seed=2, scale=20.0)
+    out_dir = save_run(model, tmp_path / 'run')
+    prompt = 'ROMEO:\nBut, soft! what'
+    r = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out_dir}', f'--start={prompt}', '--temperature=0',
+                        '--max_new_tokens=24', '--num_samples=1', '--device=cpu'], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    greedy = r.stdout[r.stdout.index(prompt) + len(prompt):].split('\n---------------')[0]  # after the settings it echoes
+    assert len(set(greedy)) > 5
+    lm = lm_eval_model.NanoHFA(path=str(out_dir), device='cpu')
+    request = lambda until: SimpleNamespace(args=(prompt, {'until': until, 'max_gen_toks': 24, 'do_sample': False}))
+    stop = next(greedy[i:i + 2] for i in range(1, len(greedy) - 1) if greedy.index(greedy[i:i + 2]) == i)
+    full, cut, none = lm.generate_until([request([]), request([stop]), request(['never', stop[0]])])
+    assert full == greedy
+    assert cut == greedy[:greedy.index(stop)] and 0 < len(cut) < len(greedy)
+    assert none == greedy[:greedy.index(stop[0])]  # the first stop string met ends it
+
+
+# -----------------------------------------------------------------------------
+# eval.py: one command, and one line for bad input
+
+@pytest.mark.slow
+def test_eval_py_writes_results_beside_the_checkpoint_in_under_a_minute(tmp_path):
+    out_dir = save_run(tiny('hfa_v1'), tmp_path / 'run')
+    t0 = time.time()
+    r = subprocess.run([sys.executable, 'eval.py', f'--out_dir={out_dir}', f'--tasks={MC},{TEXT},{GEN}',
+                        f'--include_path={TASKS}', '--device=cpu'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert time.time() - t0 < 60
+    results = json.loads((out_dir / lm_eval_model.RESULTS).read_text())
+    assert set(results['results']) == {MC, TEXT, GEN} and results['nanohfa']['tasks'] == [MC, TEXT, GEN]
+    assert 0 <= results['results'][MC]['acc,none'] <= 1 and results['results'][TEXT]['bits_per_byte,none'] > 0
+    assert '| nanohfa_tiny_mc ' in r.stdout.replace('|nanohfa_tiny_mc', '| nanohfa_tiny_mc ')
+    bad = subprocess.run([sys.executable, 'eval.py', f'--out_dir={out_dir}', '--tasks=nanohfa_tiny_mcq',
+                          f'--include_path={TASKS}'], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count('\n') == 1, bad.stderr
+    assert 'unknown lm-eval task(s) nanohfa_tiny_mcq' in bad.stderr and 'did you mean nanohfa_tiny_mc' in bad.stderr
+
+
+def test_eval_refuses_a_checkpoint_without_its_tokenizer(tmp_path):
+    import eval as eval_py
+    out_dir = save_run(tiny('sa'), tmp_path / 'run', tokenizer=None)
+    with pytest.raises(UserError, match=r"vocabulary of \d+ tokens but GPT-2's tokenizer .* give that data's meta"):
+        eval_py.main([f'--out_dir={out_dir}', f'--tasks={MC}', f'--include_path={TASKS}'])
+    with pytest.raises(UserError, match='no ckpt.pt'):
+        eval_py.main([f'--out_dir={tmp_path}', f'--tasks={MC}'])
+    with pytest.raises(UserError, match='one of them'):
+        eval_py.main([f'--tasks={MC}'])
+
+
+def test_characters_outside_the_vocabulary_are_named(task_manager):
+    small = tok.CharTokenizer(sorted(set('abcdefghijklmnopqrstuvwxyz \n')))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=small.vocab_size, n_layer=1, n_head=1, n_embd=8))
+    with pytest.raises(UserError, match="not in this model's character vocabulary.*unknown_chars=drop"):
+        run_tasks(lm_eval_model.NanoHFA(model=model, enc=small, device='cpu'), [MC], task_manager, limit=1)
+    out = run_tasks(lm_eval_model.NanoHFA(model=model, enc=small, device='cpu', unknown_chars='drop'), [MC],
+                    task_manager, limit=2)
+    assert out['results'][MC]['acc,none'] in (0.0, 0.5, 1.0)
+
+
+# -----------------------------------------------------------------------------
+# compare.py --eval_tasks: the task metrics over seeds, paired against SA
+
+TINY = """
+device = 'cpu'
+eval_interval = 3
+eval_iters = 2
+log_interval = 1
+gradient_accumulation_steps = 1
+batch_size = 4
+block_size = 32
+n_layer = 1
+n_head = 2
+n_embd = 16
+learning_rate = 1e-2
+max_iters = 3
+lr_decay_iters = 3
+warmup_iters = 1
+"""
+
+
+@pytest.mark.slow
+def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
+    import compare
+    data_dir = tmp_path / 'data'
+    data_dir.mkdir()
+    ids = np.array(ENC.encode('\n\n'.join(fixture_texts()) * 4), dtype=np.uint16)
+    ids.tofile(data_dir / 'train.bin')
+    ids[:2000].tofile(data_dir / 'val.bin')
+    (data_dir / 'meta.json').write_text(json.dumps(ENC.meta()))
+    (tmp_path / 'tiny.py').write_text(TINY)
+    argv = ['--config', str(tmp_path / 'tiny.py'), f'--data_dir={data_dir}', '--variants', 'sa,hfa', '--seeds', '2',
+            '--out', str(tmp_path / 'grid'), '--eval_tasks', f'{MC},{TEXT}', '--eval_include_path', str(TASKS),
+            '--eval_limit', '3']
+    assert compare.main(argv) == 0
+    first = capsys.readouterr().out
+    assert first.count('lm-eval: ') == 4  # every run evaluated once
+    rows = {r['variant']: r for r in json.loads((tmp_path / 'grid' / 'results.json').read_text())}
+    for r in rows.values():  # char data, ASCII: one byte per token
+        assert r['val bits/byte mean'] == pytest.approx(r['val_loss_mean'] / math.log(2), rel=1e-9)
+        for run in r['runs']:
+            saved = json.loads((tmp_path / 'grid' / 'runs' / r['variant'] / f"seed{run['seed']}" /
+                                lm_eval_model.RESULTS).read_text())
+            assert run[f'{MC} acc_norm'] == saved['results'][MC]['acc_norm,none']
+            assert run[f'{TEXT} bits_per_byte'] == saved['results'][TEXT]['bits_per_byte,none']
+    col = f'{TEXT} bits_per_byte'
+    diffs = [h[col] - s[col] for h, s in zip(rows['hfa']['runs'], rows['sa']['runs'], strict=True)]
+    assert rows['hfa'][f'{col} delta_vs_sa'] == pytest.approx(np.mean(diffs))
+    assert rows['hfa'][f'{col} mean'] == pytest.approx(np.mean([run[col] for run in rows['hfa']['runs']]))
+    table = (tmp_path / 'grid' / 'results.md').read_text()
+    assert f'| {MC} acc_norm | Δ vs SA |' in table and '| val bits/byte |' in table
+    # a --collect_only pass reuses the saved results while the checkpoints are unchanged
+    assert compare.main(argv + ['--collect_only']) == 0
+    again = capsys.readouterr().out
+    assert 'lm-eval: ' not in again and table.splitlines()[-1] in again
