@@ -213,27 +213,36 @@ def note_truncated(lm):
 RESULTS = 'lm_eval_results.json'  # beside the checkpoint
 
 
-def task_list(tasks, task_manager):
-    """The task names, each one lm-eval knows (a task, group or tag), else a one-line refusal."""
+@functools.lru_cache
+def task_manager(include_path='', defaults=True):
+    """lm-eval's index of tasks: include_path's YAMLs, and its own (thousands: seconds) if defaults."""
+    return TaskManager(include_path=include_path or None, include_defaults=defaults)
+
+
+def task_list(tasks, include_path=''):
+    """(task names, a TaskManager that knows them all); lm-eval's own tasks are indexed only when
+    include_path lacks one. A name lm-eval does not know (task, group or tag): a one-line refusal."""
     names = [t.strip() for t in tasks.split(',') if t.strip()] if isinstance(tasks, str) else list(tasks)
-    unknown = [t for t in names if t not in task_manager.all_tasks]
+    if include_path and names and set(names) <= set(task_manager(str(include_path), False).all_tasks):
+        return names, task_manager(str(include_path), False)
+    manager = task_manager(str(include_path or ''), True)
+    unknown = [t for t in names if t not in manager.all_tasks]
     if not names or unknown:
-        near = {t: difflib.get_close_matches(t, task_manager.all_tasks, n=3) for t in unknown}
+        near = {t: difflib.get_close_matches(t, manager.all_tasks, n=3) for t in unknown}
         hints = '; '.join(f"{t}: did you mean {', '.join(m)}?" for t, m in near.items() if m)
         raise UserError(f"unknown lm-eval task(s) {', '.join(unknown) or '(none given)'}" + (f" ({hints})" if hints else '') +
                         "; `python -m lm_eval ls tasks` lists them, --include_path DIR adds a folder of task YAMLs")
-    return names
+    return names, manager
 
 
 def evaluate(path, tasks, include_path='', limit=None, num_fewshot=None, bar=True, **model_args):
     """lm-eval's results dict for the checkpoint at `path` on `tasks` (names or 'a,b,c'); the
     request is recorded in it under 'nanohfa' (what compare.py checks before reusing it)."""
-    task_manager = TaskManager(include_path=include_path or None)
-    names = task_list(tasks, task_manager)
-    lm = NanoHFA(path=path, **model_args)
+    lm = NanoHFA(path=path, **model_args)  # first: a bad checkpoint is told in a second, tasks may take longer
+    names, manager = task_list(tasks, include_path)
     try:
         results = lm_eval.simple_evaluate(model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit,
-                                          task_manager=task_manager, log_samples=False,
+                                          task_manager=manager, log_samples=False,
                                           verbosity='WARNING' if bar else 'ERROR')
     except (OSError, ConnectionError) as e:  # a task's data not in the local cache, offline
         raise UserError(f"a task's data could not be loaded ({hub.first_line(e)})" + (
@@ -311,7 +320,7 @@ def grid_table(args, rows):
     in bits per byte. Returns the markdown table."""
     import data
     from grid import REFERENCE, mean_std_ci
-    names = task_list(args.eval_tasks, TaskManager(include_path=args.eval_include_path or None))
+    names, _ = task_list(args.eval_tasks, args.eval_include_path)
     request = dict(include_path=args.eval_include_path, limit=args.eval_limit, num_fewshot=None)
     per_seed = {}  # variant -> {column: {seed: value}}
     for r in rows:
