@@ -132,6 +132,20 @@ def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
     assert note.count('\n') == 1 and 'cut from the left' in note
 
 
+def test_a_nanogpt_checkpoint_scores_as_nanogpts_own_model(tmp_path):
+    """nanoGPT's checkpoint (tests/fixtures: 16 symbols) through `meta=`, against the logits
+    nanoGPT's own model code gave for the same tokens."""
+    (tmp_path / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 16, 'itos': list('abcdefghijklmnop')}))
+    lm = lm_eval_model.NanoHFA(path=str(ROOT / 'tests' / 'fixtures' / 'nanogpt_ckpt.pt'), meta=str(tmp_path), device='cpu')
+    ref = torch.load(ROOT / 'tests' / 'fixtures' / 'nanogpt_logits.pt', weights_only=True)
+    want = []
+    for ids, logits in zip(ref['idx'].tolist(), ref['logits'].log_softmax(-1)):
+        want.append(sum(logits[p, ids[p + 1]].item() for p in range(7, 15)))
+    got = lm.loglikelihood([SimpleNamespace(args=(lm.tok_decode(ids[:8]), lm.tok_decode(ids[8:])))
+                            for ids in ref['idx'].tolist()])
+    assert [g[0] for g in got] == pytest.approx(want, rel=1e-5)
+
+
 # -----------------------------------------------------------------------------
 # the cross-check: our adapter and lm-eval's own hf model on the same tiny GPT-2
 
