@@ -77,8 +77,11 @@ def load(path, meta='', kernel=''):
 @register_model('nanohfa')
 class NanoHFA(TemplateLM):
     def __init__(self, path='', model=None, enc=None, meta='', kernel='', device='auto', dtype='auto',
-                 batch_size=16, max_gen_toks=256, unknown_chars='error', **unused):
+                 batch_size=16, max_batch_size=None, max_gen_toks=256, unknown_chars='error', **unknown):
         super().__init__()
+        if unknown:
+            raise UserError(f"unknown model_args {', '.join(unknown)} for the nanohfa model; valid: path, meta, kernel, "
+                            f"device, dtype, batch_size, max_gen_toks, unknown_chars")
         if model is None:
             model, enc, path = load(path, meta, kernel)
         if not model.config.causal:
@@ -117,8 +120,8 @@ class NanoHFA(TemplateLM):
         try:
             return self.enc.encode(string)
         except UserError as e:  # a character the model never saw cannot be scored
-            raise UserError(f"{e} (the task's text has them); --model_args unknown_chars=drop scores the text "
-                            f"without them") from None
+            raise UserError(f"{e} (the task's text has them); unknown_chars=drop (eval.py "
+                            f"--unknown_chars=drop) scores the text without them") from None
 
     def tok_decode(self, ids):
         return self.enc.decode(ids)

@@ -265,7 +265,7 @@ def test_wandb_is_imported_only_when_asked(char_data, tmp_path):
 # -- every command line has --help ----------------------------------------------------------
 
 COMMANDS = {c[-1]: c for c in (['train.py'], ['sample.py'], ['prepare_openwebtext.py'], ['prepare_shakespeare.py'],
-                                ['compare.py'], ['bench.py'],
+                                ['compare.py'], ['bench.py'], ['eval.py'],
                                 ['-m', 'experiments.colliding_agents'], ['-m', 'experiments.theory_limits'],
                                 ['-m', 'experiments.beyond_pairwise'], ['-m', 'experiments.random_features'])}
 
