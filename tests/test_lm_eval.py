@@ -190,11 +190,13 @@ def test_adapter_matches_lm_evals_own_hf_model(gpt2_folder, task_manager):
             if task == GEN:
                 assert sa['resps'] == sb['resps']  # greedy text, cut at the same stop strings
             else:
-                flat = lambda s: [x for r in s['resps'] for x in (r[0] if isinstance(r[0], tuple) else r)]
+                flat = lambda s: [float(x) for r in s['resps'] for x in (r[0] if isinstance(r[0], tuple) else r)]
                 assert flat(sa) == pytest.approx(flat(sb), rel=1e-4, abs=1e-6)
+                worst = max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(flat(sa), flat(sb)))
+                CROSS_CHECK[f'{task} per-request max rel. diff'] = (worst, worst)
     assert ours.truncated > 0  # the cut from the left was exercised, and agrees with the hf model's
     for k, (x, y) in CROSS_CHECK.items():
-        print(f"{k:42s} ours {x:.6f}  hf {y:.6f}")
+        print(f"| {k} | {x:.10g} | {y:.10g} | {abs(x - y) / max(abs(y), 1e-12):.1e} |")
 
 
 # -----------------------------------------------------------------------------
