@@ -13,28 +13,31 @@ datasets cache (HF_DATASETS_CACHE, filled on a connected machine), or comes from
 YAMLs over local files (--include_path, as lm-eval's own CLI): docs/evaluation.md.
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 import errors
-from errors import UserError
 
 
 def parse_args(argv):
-    p = errors.ArgumentParser(prog='eval.py', description=__doc__, formatter_class=__import__('argparse').RawDescriptionHelpFormatter)
+    p = errors.ArgumentParser(prog='eval.py', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--out_dir', default='', help='a training run (its ckpt.pt)')
-    p.add_argument('--init_from', default='', help="instead: a checkpoint file, or GPT-2's weights (gpt2*, or a folder)")
+    p.add_argument('--init_from', default='',
+                   help="instead: a checkpoint file, or GPT-2's weights (gpt2*, or a folder)")
     p.add_argument('--tasks', required=True, help='comma-separated lm-eval task, group or tag names')
     p.add_argument('--include_path', default='', help='a folder of extra task YAMLs')
     p.add_argument('--limit', type=float, default=None, help='documents per task (a fraction if < 1)')
     p.add_argument('--num_fewshot', type=int, default=None, help="few-shot examples (default: the task's)")
     p.add_argument('--batch_size', type=int, default=16, help='sequences per forward pass')
     p.add_argument('--device', default='auto', help='auto, cpu, cuda, cuda:N, mps')
-    p.add_argument('--dtype', default='auto', help="auto (bfloat16 on CUDA that has it, else float32), float32, bfloat16, float16")
+    p.add_argument('--dtype', default='auto',
+                   help="auto (bfloat16 on CUDA that has it, else float32), float32, bfloat16, float16")
     p.add_argument('--kernel', default='', help="the attention kernel (default: the checkpoint's)")
     p.add_argument('--meta', default='', help="a nanoGPT checkpoint's tokenizer: its dataset folder or meta.pkl")
-    p.add_argument('--max_gen_toks', type=int, default=256, help="generation tasks: tokens at most (unless the task says)")
+    p.add_argument('--max_gen_toks', type=int, default=256,
+                   help="generation tasks: tokens at most (unless the task says)")
     p.add_argument('--unknown_chars', choices=('error', 'drop'), default='error',
                    help='character models: a character outside their vocabulary stops the run, or is dropped')
     p.add_argument('--output_path', default='', help='the results JSON (default: beside the checkpoint)')
@@ -58,7 +61,8 @@ def main(argv=None):
                                      dtype=args.dtype, kernel=args.kernel, meta=args.meta,
                                      max_gen_toks=args.max_gen_toks, unknown_chars=args.unknown_chars)
     ckpt = Path(results['nanohfa']['checkpoint'])
-    out = Path(args.output_path) if args.output_path else (ckpt if ckpt.is_dir() else ckpt.parent) / lm_eval_model.RESULTS
+    beside = ckpt if ckpt.is_dir() else ckpt.parent  # a run folder, or a GPT-2 save_pretrained folder
+    out = Path(args.output_path) if args.output_path else beside / lm_eval_model.RESULTS
     lm_eval_model.write_results(results, out)
     print(make_table(results))
     print(f"wrote {out} ({time.time() - t0:.1f} s)")

@@ -80,8 +80,8 @@ class NanoHFA(TemplateLM):
                  batch_size=16, max_batch_size=None, max_gen_toks=256, unknown_chars='error', **unknown):
         super().__init__()
         if unknown:
-            raise UserError(f"unknown model_args {', '.join(unknown)} for the nanohfa model; valid: path, meta, kernel, "
-                            f"device, dtype, batch_size, max_gen_toks, unknown_chars")
+            raise UserError(f"unknown model_args {', '.join(unknown)} for the nanohfa model; valid: path, meta, "
+                            f"kernel, device, dtype, batch_size, max_gen_toks, unknown_chars")
         if model is None:
             model, enc, path = load(path, meta, kernel)
         if not model.config.causal:
@@ -233,8 +233,9 @@ def task_list(tasks, include_path=''):
     if not names or unknown:
         near = {t: difflib.get_close_matches(t, manager.all_tasks, n=3) for t in unknown}
         hints = '; '.join(f"{t}: did you mean {', '.join(m)}?" for t, m in near.items() if m)
-        raise UserError(f"unknown lm-eval task(s) {', '.join(unknown) or '(none given)'}" + (f" ({hints})" if hints else '') +
-                        "; `python -m lm_eval ls tasks` lists them, --include_path DIR adds a folder of task YAMLs")
+        raise UserError(f"unknown lm-eval task(s) {', '.join(unknown) or '(none given)'}"
+                        + (f" ({hints})" if hints else '')
+                        + "; `python -m lm_eval ls tasks` lists them, --include_path DIR adds a folder of task YAMLs")
     return names, manager
 
 

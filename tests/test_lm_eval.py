@@ -93,7 +93,7 @@ def direct_rolling(model, ids, first):
     return total
 
 
-@pytest.mark.parametrize('attention', ['sa', 'hfa_v1', 'ha'])
+@pytest.mark.parametrize('attention', ['sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha'])
 def test_loglikelihoods_equal_the_model_forward(attention, task_manager):
     model = tiny(attention)
     lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=3)
@@ -116,6 +116,17 @@ def test_loglikelihoods_equal_the_model_forward(attention, task_manager):
     assert out['results'][TEXT]['bits_per_byte,none'] == pytest.approx(nll / n_bytes / math.log(2), rel=1e-6)
 
 
+@pytest.mark.parametrize('attention', ['hfa_v1', 'ha'])
+def test_a_kernel_setting_gives_the_same_numbers(attention, tmp_path):
+    """kernel= (eval.py --kernel) rebuilds the checkpoint's model with another kernel: the same scores."""
+    out_dir = save_run(tiny(attention), tmp_path / 'run')
+    requests = [SimpleNamespace(args=('ROMEO: But, soft! what light', ' through yonder window')),
+                SimpleNamespace(args=('', 'It is the east, and Juliet is the sun.'))]
+    scores = {k: lm_eval_model.NanoHFA(path=str(out_dir), kernel=k, device='cpu').loglikelihood(requests)
+              for k in ('auto', 'reference')}
+    assert [s for s, _ in scores['auto']] == pytest.approx([s for s, _ in scores['reference']], rel=1e-4)
+
+
 def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
     model = tiny('sa', block_size=32)
     lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
@@ -135,8 +146,10 @@ def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
 def test_a_nanogpt_checkpoint_scores_as_nanogpts_own_model(tmp_path):
     """nanoGPT's checkpoint (tests/fixtures: 16 symbols) through `meta=`, against the logits
     nanoGPT's own model code gave for the same tokens."""
-    (tmp_path / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 16, 'itos': list('abcdefghijklmnop')}))
-    lm = lm_eval_model.NanoHFA(path=str(ROOT / 'tests' / 'fixtures' / 'nanogpt_ckpt.pt'), meta=str(tmp_path), device='cpu')
+    meta = {'tokenizer': 'char', 'vocab_size': 16, 'itos': list('abcdefghijklmnop')}
+    (tmp_path / 'meta.json').write_text(json.dumps(meta))
+    lm = lm_eval_model.NanoHFA(path=str(ROOT / 'tests' / 'fixtures' / 'nanogpt_ckpt.pt'), meta=str(tmp_path),
+                               device='cpu')
     ref = torch.load(ROOT / 'tests' / 'fixtures' / 'nanogpt_logits.pt', weights_only=True)
     want = []
     for ids, logits in zip(ref['idx'].tolist(), ref['logits'].log_softmax(-1)):
@@ -210,7 +223,8 @@ def test_generate_until_is_sample_greedy_cut_at_stop_strings(tmp_path):
                         '--max_new_tokens=24', '--num_samples=1', '--device=cpu'], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
-    greedy = r.stdout[r.stdout.index(prompt) + len(prompt):].split('\n---------------')[0]  # after the settings it echoes
+    # the sample follows the settings sample.py echoes
+    greedy = r.stdout[r.stdout.index(prompt) + len(prompt):].split('\n---------------')[0]
     assert len(set(greedy)) > 5
     lm = lm_eval_model.NanoHFA(path=str(out_dir), device='cpu')
     request = lambda until: SimpleNamespace(args=(prompt, {'until': until, 'max_gen_toks': 24, 'do_sample': False}))
@@ -296,8 +310,8 @@ def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
     (data_dir / 'meta.json').write_text(json.dumps(ENC.meta()))
     (tmp_path / 'tiny.py').write_text(TINY)
     argv = ['--config', str(tmp_path / 'tiny.py'), f'--data_dir={data_dir}', '--variants', 'sa,hfa', '--seeds', '2',
-            '--out', str(tmp_path / 'grid'), '--eval_tasks', f'{MC},{TEXT}', '--eval_include_path', str(TASKS),
-            '--eval_limit', '3']
+            '--out', str(tmp_path / 'grid'), '--jobs', '2', '--threads', '1',
+            '--eval_tasks', f'{MC},{TEXT}', '--eval_include_path', str(TASKS), '--eval_limit', '3']
     assert compare.main(argv) == 0
     first = capsys.readouterr().out
     assert first.count('lm-eval: ') == 4  # every run evaluated once
