@@ -142,6 +142,10 @@ class NanoHFA(TemplateLM):
         out = []
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood requests")
         for batch in order.get_batched(n=self.batch_size):
+            longest = max(len(k) for _, _, k in batch)
+            if longest > self.block_size:  # nothing left of the context to cut: it cannot be scored
+                raise UserError(f"a continuation of {longest} tokens is longer than this model's block_size="
+                                f"{self.block_size}; it cannot be scored (a task for longer-context models)")
             # the input is context + continuation but its last token; too long, its start is cut
             inputs = [(c + k)[-(self.block_size + 1):][:-1] for _, c, k in batch]
             self.truncated += sum(len(c) + len(k) > self.block_size + 1 for _, c, k in batch)

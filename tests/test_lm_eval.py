@@ -137,6 +137,8 @@ def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
     assert len(ctx) > 3 * 32 and lm.truncated == 1  # the short one fits exactly: block_size + 1 tokens
     assert long_ll == pytest.approx(short_ll, rel=1e-6)
     assert long_ll == pytest.approx(direct(model, ENC.encode(ctx), ENC.encode(cont)), rel=1e-5)
+    with pytest.raises(UserError, match='a continuation of 40 tokens is longer than .* block_size=32'):
+        lm.loglikelihood([SimpleNamespace(args=('ROMEO:', ' ' + 'a' * 39))])  # no context left to cut
     capsys.readouterr()
     lm_eval_model.note_truncated(lm)
     note = capsys.readouterr().err
