@@ -521,12 +521,21 @@ def main(argv=None):
     for v in variants:
         print(f"{v['variant']:>12}: {v['shape']}, {fmt(v['params_planned'])} params, "
               f"{fmt(v['flops_planned'] and v['flops_planned'] / 1e6, 2)} MFLOPs/token, overrides {v['overrides']}")
+    slurm = __import__('slurm') if args.launcher == 'slurm' else None  # slurm.py: one SLURM job per run
     if args.dry_run:
-        dry_run(args, variants, seeds)
+        (slurm.dry_run if slurm else dry_run)(args, variants, seeds)
+        return 0
+    if slurm and args.status:
+        slurm.print_status(args, variants, seeds)
         return 0
     t0 = time.time()
-    outcomes = {} if args.collect_only else run_grid_until_signalled(args, variants, seeds)
-    if not args.collect_only and CHILDREN.stopping:
+    if slurm and not args.collect_only:
+        outcomes = slurm.launch(args, variants, seeds, sys.argv[1:] if argv is None else argv)
+        if outcomes is None:  # submitted; --status watches, --collect_only (or --wait) summarises
+            return 0
+    else:
+        outcomes = {} if args.collect_only else run_grid_until_signalled(args, variants, seeds)
+    if not args.collect_only and not slurm and CHILDREN.stopping:
         print(f"stopped by {CHILDREN.stopping}: every running train.py saved its checkpoint and exited; "
               f"rerun the same command to continue (nothing summarised)")
         return 0

@@ -188,6 +188,28 @@ def parse_args(argv, description=''):
                                                      'metrics over seeds (lm_eval_model.py, docs/evaluation.md)')
     p.add_argument('--eval_include_path', default='', help='a folder of extra lm-eval task YAMLs')
     p.add_argument('--eval_limit', type=int, default=None, help='documents per lm-eval task (default: all)')
+    # on a SLURM cluster (slurm.py): one job per run, submitted through submitit
+    p.add_argument('--launcher', choices=('local', 'slurm'), default='local',
+                   help='local: train here; slurm: submit every unfinished run as a SLURM job and return')
+    p.add_argument('--wait', action='store_true', help='slurm: watch the jobs to the end, then summarise')
+    p.add_argument('--status', action='store_true', help="slurm: print the grid's runs (pending/running/done/failed)")
+    p.add_argument('--slurm_partition', default='', help='sbatch --partition')
+    p.add_argument('--slurm_time', default='60', help='time limit per job: minutes, HH:MM:SS or D-HH:MM:SS '
+                                                     '(a run longer than this is requeued and resumed)')
+    p.add_argument('--slurm_nodes', type=int, default=1, help='nodes per run (--nproc processes on each)')
+    p.add_argument('--slurm_gpus_per_node', type=int, default=-1, help='GPUs per node (default: --nproc)')
+    p.add_argument('--slurm_cpus_per_task', type=int, default=0, help='CPUs per node (default: --threads x --nproc)')
+    p.add_argument('--slurm_mem', default='', help='sbatch --mem per node, e.g. 200G')
+    p.add_argument('--slurm_account', default='', help='sbatch --account')
+    p.add_argument('--slurm_qos', default='', help='sbatch --qos')
+    p.add_argument('--slurm_sbatch', action='append', metavar='KEY=VALUE',
+                   help='any other sbatch option, repeatable: --slurm_sbatch constraint=h100 --slurm_sbatch exclusive')
+    p.add_argument('--slurm_max_running', type=int, default=0, help='jobs running at a time (0: no limit)')
+    p.add_argument('--slurm_max_requeue', type=int, default=20,
+                   help='requeues for the time limit per run (preemptions are not counted; failures never requeue)')
+    p.add_argument('--slurm_signal_s', type=int, default=120,
+                   help='seconds before the time limit when train.py is told to save (SIGUSR2 to the job)')
+    p.add_argument('--slurm_poll_s', type=float, default=30, help='--wait: seconds between looks at squeue')
     config = p.parse_known_args(argv)[0].config
     try:
         defaults = config_compare_defaults(config)
@@ -214,6 +236,12 @@ def parse_args(argv, description=''):
         p.error('--nproc and --match_multiple must be >= 1')
     if args.gpus and len(args.gpus) % args.nproc:
         p.error(f"--gpus names {len(args.gpus)} GPUs, not a multiple of --nproc {args.nproc}")
+    slurm_set = [a.dest for a in p._actions if a.dest.startswith('slurm_') or a.dest in ('wait', 'status')
+                 if getattr(args, a.dest) != a.default]
+    if args.launcher != 'slurm' and slurm_set:
+        p.error(f"--{' --'.join(slurm_set)} need --launcher=slurm")
+    if args.slurm_nodes < 1 or args.slurm_max_running < 0 or args.slurm_max_requeue < 0 or args.slurm_signal_s < 1:
+        p.error('--slurm_nodes and --slurm_signal_s must be >= 1, --slurm_max_running and --slurm_max_requeue >= 0')
     if args.config:  # train.py runs from the repository root
         args.config = str(Path(args.config).resolve())
     args.out = str(Path(args.out).resolve())

@@ -81,6 +81,7 @@ ReturnToService=2
 JobRequeue=1
 KillWait=10
 MinJobAge=600
+DefMemPerCPU=2048
 InactiveLimit=0
 NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={memory_mb()} State=UNKNOWN
 PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
