@@ -66,27 +66,27 @@ class TrainJob:
     def __getstate__(self):  # what is pickled: the run, not the process running it
         return {**self.__dict__, 'proc': None, 'waiter': None}
 
-    def command(self, state):
-        import submitit
+    def command(self, state, env):
         cmd = compare.train_command(self.args, self.variant, self.seed, self.run_dir, state)
-        env = submitit.JobEnvironment()
         if env.num_nodes > 1:  # torchrun on every node, one rendezvous on the job's first node
             cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nnodes={env.num_nodes}',
                    f'--nproc_per_node={self.args.nproc}', '--rdzv_backend=c10d',
                    f'--rdzv_endpoint={env.hostnames[0]}:29400', f'--rdzv_id={env.job_id}'] + \
                 cmd[cmd.index(str(compare.TRAIN)):]
-        return cmd, env.node
+        return cmd
 
     def __call__(self):
+        import submitit
+        env = submitit.JobEnvironment()
         max_iters = self.variant['cfg']['max_iters']
         state = compare.run_state(self.run_dir, max_iters)
         if state == 'done':  # finished before this job started
             return 'done'
-        cmd, node = self.command(state)
+        cmd, node = self.command(state, env), env.node
         suffix = f'.node{node}' if node else ''  # on a shared filesystem, one file per writer
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / f'stdout{suffix}.txt', 'a') as out, open(self.run_dir / f'stderr{suffix}.txt', 'a') as err:
-            header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state} (SLURM job {os.environ.get('SLURM_JOB_ID')}): {' '.join(cmd)}\n"
+            header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state} (SLURM job {env.job_id}): {' '.join(cmd)}\n"
             out.write(header), err.write(header)
             out.flush(), err.flush()
             self.proc = subprocess.Popen(cmd, cwd=compare.ROOT, env=compare.run_env(self.args, None), stdout=out,
@@ -266,8 +266,8 @@ def wait(args, variants, seeds):
         c = counts(rows)
         bar.n = c.get('done', 0) + c.get('failed', 0)
         bar.set_postfix_str(', '.join(f"{c.get(k, 0)} {k}" for k in ('pending', 'running', 'done', 'failed')))
-        if not c.get('pending') and not c.get('running'):
-            break
+        if not c.get('pending') and not c.get('running') and not any(r[5] in ALIVE for r in rows):
+            break  # every run ended, and every job with it (a finished run's job may still be closing)
         time.sleep(args.slurm_poll_s)
         rows = run_statuses(args, variants, seeds)
     bar.close()
