@@ -210,3 +210,17 @@ def test_slurm_time_formats(text, minutes):
 def test_a_bad_slurm_time_is_refused(text):
     with pytest.raises(UserError, match='--slurm_time'):
         slurm.slurm_minutes(text)
+
+
+def test_the_cpu_grids_route_their_steps_through_the_launcher(tmp_path):
+    """tools/cpu_grids.py --slurm=OPTIONS: each compare.py step submits its runs as CPU jobs and waits."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('cpu_grids', ROOT / 'tools' / 'cpu_grids.py')
+    cpu_grids = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu_grids)
+    cmd = cpu_grids.command('lr_sweep', 2, slurm='--slurm_partition=cpu --slurm_time=4:00:00')
+    args = grid.parse_args(cmd[2:])
+    assert (args.launcher, args.wait, args.slurm_partition, args.slurm_time, args.slurm_gpus_per_node) == \
+        ('slurm', True, 'cpu', '4:00:00', 0)
+    assert slurm.executor_parameters(args)['cpus_per_task'] == 1
+    assert '--launcher=slurm' not in cpu_grids.command('lr_sweep', 2)

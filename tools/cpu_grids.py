@@ -4,6 +4,7 @@ The CPU comparison grids behind RESULTS.md, as data: each grid is a compare.py c
     python tools/cpu_grids.py lr_sweep            # then main, main_ha, early, milton, bpe
     python tools/cpu_grids.py main --dry_run      # print the compare.py command, run nothing
     python tools/cpu_grids.py all --jobs 2        # every grid in order (resumable: finished runs are kept)
+    python tools/cpu_grids.py main --slurm="--slurm_partition=cpu"   # its runs as SLURM jobs (docs/cluster.md)
 
 Every grid trains tiny GPTs (config/compare_cpu.py: 2 layers, 4 heads, width 96, context 64,
 batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results.json, .csv,
@@ -38,6 +39,7 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
 
 import argparse
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -360,12 +362,14 @@ ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton
          'long12k', 'wide', 'readout', 'wide_edge', 'wide_flops']
 
 
-def command(name, jobs, only=None, collect_only=False):
+def command(name, jobs, only=None, collect_only=False, slurm=''):
     variants, seeds, extra = grid(name, only)
     cmd = [sys.executable, 'compare.py', '--config', CONFIG, '--out', f'grids/{name}', '--seeds', str(seeds),
            '--jobs', str(jobs), '--threads', '1', '--variants', ','.join(variants)]
     for v, over in variants.items():
         cmd += ['--preset', v] + [f'{k}={val}' for k, val in over.items()]
+    if slurm:  # one CPU job per run; --wait: the next grid may read this one's results
+        cmd += ['--launcher=slurm', '--slurm_gpus_per_node=0'] + (['--wait'] * (not collect_only)) + shlex.split(slurm)
     return cmd + (['--collect_only'] if collect_only else []) + [f'--{k}={v}' for k, v in extra.items()]
 
 
@@ -393,6 +397,9 @@ def main():
     p.add_argument('--only', default='', help='comma list of variants to train first (the full grid collects all)')
     p.add_argument('--runs_root', default='', help='keep the run folders in ROOT/<grid> (linked from grids/<grid>/runs), '
                    'outside the checkout, so that a fresh checkout on the same machine resumes them')
+    p.add_argument('--slurm', default='', metavar='OPTIONS',
+                   help='run the grids\' compare.py steps on a SLURM cluster with these compare.py --slurm_* '
+                        'options (docs/cluster.md), e.g. --slurm="--slurm_partition=cpu --slurm_time=4:00:00"')
     a = p.parse_args()
     only = [v for v in a.only.split(',') if v]
     names = ORDER if a.grid == 'all' else a.grid.split(',')
@@ -415,7 +422,7 @@ def main():
             (name == 'readout' and not seed0_choice('readout', readout_candidates(), LONG_ITERS['long12k'])) or \
             (name == 'wide_edge' and wide_edge_pending())
         for _ in range(2 if unchosen and not a.dry_run else 1):
-            cmd = command(name, a.jobs, only, a.collect_only)
+            cmd = command(name, a.jobs, only, a.collect_only, a.slurm)
             print('+', ' '.join(cmd), flush=True)
             if not a.dry_run:
                 rc = run_step(cmd)
