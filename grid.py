@@ -7,6 +7,7 @@ and reports it; tools/budgets.py, tools/grid_report.py and the GPU checks read t
 
 import argparse
 import math
+import shutil
 from pathlib import Path
 
 import configurator
@@ -242,6 +243,12 @@ def parse_args(argv, description=''):
         p.error(f"--{' --'.join(slurm_set)} need --launcher=slurm")
     if args.slurm_nodes < 1 or args.slurm_max_running < 0 or args.slurm_max_requeue < 0 or args.slurm_signal_s < 1:
         p.error('--slurm_nodes and --slurm_signal_s must be >= 1, --slurm_max_running and --slurm_max_requeue >= 0')
+    if args.launcher == 'slurm' and args.gpus:
+        p.error('--gpus picks GPUs on this machine; on SLURM a run gets --nproc GPUs per node from the scheduler '
+                '(--slurm_gpus_per_node): drop --gpus')
+    if args.launcher == 'slurm' and not (args.dry_run or args.collect_only) and not shutil.which('sbatch'):
+        p.error("--launcher=slurm: sbatch is not on PATH; run compare.py on the cluster's login node "
+                "(or leave out --launcher=slurm to train here)")
     if args.config:  # train.py runs from the repository root
         args.config = str(Path(args.config).resolve())
     args.out = str(Path(args.out).resolve())

@@ -157,7 +157,11 @@ def executor_parameters(args):
         extra[key.strip().lstrip('-').replace('-', '_')] = value if eq else True
     if args.slurm_mem:
         extra['mem'] = args.slurm_mem
-    params = dict(job_name=f'compare-{Path(args.out).name}', time=slurm_minutes(args.slurm_time),
+    minutes = slurm_minutes(args.slurm_time)
+    if args.slurm_signal_s >= minutes * 60:
+        raise UserError(f"--slurm_signal_s {args.slurm_signal_s} is not shorter than --slurm_time {args.slurm_time}: "
+                        f"the job would be told to stop as it starts; lower it or give a longer time")
+    params = dict(job_name=f'compare-{Path(args.out).name}', time=minutes,
                   nodes=args.slurm_nodes, ntasks_per_node=1, signal_delay_s=args.slurm_signal_s,
                   setup=[f'cd {shlex.quote(str(compare.ROOT))}',  # the job imports this module from the checkout
                          f'export PYTHONPATH={shlex.quote(str(compare.ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}'],
@@ -287,6 +291,7 @@ def outcomes(rows):
 
 
 def print_status(args, variants, seeds):
+    check_slurm()
     rows = run_statuses(args, variants, seeds)
     c = counts(rows)
     print(f"{len(rows)} runs: " + ', '.join(f"{c.get(k, 0)} {k}" for k in ('pending', 'running', 'done', 'failed', 'not submitted')))
