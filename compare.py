@@ -11,6 +11,7 @@ Welch t-test against SA, a markdown table, results.json / results.csv and a plot
     python compare.py ... --match params          # resize every variant to SA's parameter count
     python compare.py ... --preset ha_w16 attention=ha ha_window1=16   # a variant of your own
     python compare.py ... --max_iters=500         # any --key=value goes to every train.py run
+    python compare.py ... --launcher=slurm --slurm_partition=gpu   # one SLURM job per run (slurm.py, docs/cluster.md)
 
 Runs live in OUT/runs/<variant>/seed<k>/ (train.py's out_dir). Running the same command
 again skips finished runs (log.jsonl reaches max_iters), resumes interrupted ones from

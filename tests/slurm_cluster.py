@@ -53,6 +53,7 @@ class SlurmCluster:
         self.env_before = os.environ.get('SLURM_CONF')
 
     def conf(self):
+        # cred_expire: how long a requeued job waits before it may start again (120 s by default)
         d, host = self.dir, socket.gethostname().split('.')[0]
         return f"""ClusterName=nanohfa
 SlurmctldHost={host}(127.0.0.1)
@@ -61,7 +62,7 @@ SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={d}/munge.sock
+AuthInfo=socket={d}/munge.sock,cred_expire=10
 CredType=cred/munge
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool
