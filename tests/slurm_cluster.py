@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BINARIES = ('munged', 'slurmctld', 'slurmd', 'sbatch', 'squeue', 'scontrol')
+BINARIES = ('munged', 'slurmctld', 'slurmd', 'sbatch', 'srun', 'squeue', 'scontrol', 'scancel', 'sinfo')
 PACKAGES = 'slurm-wlm munge'
 
 

@@ -115,9 +115,10 @@ def test_a_job_stopped_before_its_time_limit_is_requeued_and_resumes_exactly(slu
     assert 'resume (SLURM job' in stdout
     assert job_info(job)['JobState'] == 'COMPLETED' and job_info(job)['Restarts'] == '1'
     interrupted, uninterrupted = losses(run), losses(tiny / 'uninterrupted' / 'runs' / 'sa' / 'seed0')
+    stopped_at = stdout.split('stopped by signal at iteration ')[1].split(';')[0]
     with capsys.disabled():
-        print(f"\nrequeued run, final (iter, train loss, val loss): {interrupted[-1]}"
-              f"\nuninterrupted run:                              {uninterrupted[-1]}")
+        print(f"\nrequeued run (stopped at iteration {stopped_at}), final (iter, train loss, val loss): {interrupted[-1]}"
+              f"\nuninterrupted run, final (iter, train loss, val loss):                         {uninterrupted[-1]}")
     assert interrupted == uninterrupted and interrupted[-1][0] == 1000
 
 
