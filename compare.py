@@ -522,7 +522,9 @@ def main(argv=None):
     for v in variants:
         print(f"{v['variant']:>12}: {v['shape']}, {fmt(v['params_planned'])} params, "
               f"{fmt(v['flops_planned'] and v['flops_planned'] / 1e6, 2)} MFLOPs/token, overrides {v['overrides']}")
-    slurm = __import__('slurm') if args.launcher == 'slurm' else None  # slurm.py: one SLURM job per run
+    slurm = None
+    if args.launcher == 'slurm':
+        import slurm  # slurm.py: one SLURM job per run (submitit)
     if args.dry_run:
         (slurm.dry_run if slurm else dry_run)(args, variants, seeds)
         return 0
