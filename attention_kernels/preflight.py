@@ -52,7 +52,8 @@ import torch
 import attention_kernels
 from attention_kernels import guard
 
-TIMEOUT_S = 120  # per child, start to verdict: import + compile of a family's kernels + the check
+TIMEOUT_S = 120  # per child, from its imports done to its verdict: compiling a family's kernels + the check
+START_S = 120  # per child, for its imports (torch, triton: tens of seconds on a cold network file system)
 ENTRIES_ENV = 'NANOHFA_PREFLIGHT_ENTRIES'
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_FILE = 'preflight.json'
@@ -60,7 +61,6 @@ CUDA_ERRORS = {  # torch says the CUDA error's text; the line also gives its num
     'an illegal memory access': ('illegal memory access', 700), 'misaligned address': ('misaligned address', 716),
     'illegal instruction': ('illegal instruction', 715), 'too many resources requested': ('out of resources', 701),
     'unspecified launch failure': ('launch failure', 719)}
-DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
 def _stop(line):
@@ -94,7 +94,7 @@ def cases(cfg, dtype, T, device):
                     device=device, window=window, A=group.n_q, norm=cfg.linear_norm, order=cfg.ha_order,
                     windows=[cfg.ha_window1, cfg.ha_window2] if cfg.causal else [0, 0], shared=cfg.ha_share_kv)
         long_causal = family == 'linear' and cfg.causal and not window and T >= attention_kernels.CHUNKED_MIN_T
-        form = attention_kernels.route(kind, family, DTYPES[dtype], dev_type, softmax=group.softmax,
+        form = attention_kernels.route(kind, family, getattr(torch, dtype), dev_type, softmax=group.softmax,
                                        order=cfg.ha_order, factors=group.n_q, head_size=cfg.dh,
                                        long_causal=long_causal)
         if form.startswith('triton') and (fake is None or family in fake):
@@ -107,7 +107,7 @@ def config_class(case, form):
     from attention_kernels.ha import ops as ha_ops
     from attention_kernels.hfa import ops as hfa_ops
     from attention_kernels.linear import ops as linear_ops
-    x = torch.empty(1, case['T'], case['dh'], dtype=DTYPES[case['dtype']], device=case['device'])
+    x = torch.empty(1, case['T'], case['dh'], dtype=getattr(torch, case['dtype']), device=case['device'])
     if case['family'] == 'linear':
         text = linear_ops._config(x, 0, case['causal'], case['window'], case['norm'], form == 'triton_chunked')
     elif case['family'] == 'hfa':
@@ -138,7 +138,7 @@ def _inputs(case, g):
     f, H, T, dh = case['family'], case['heads'], case['T'], case['dh']
 
     def rand(*shape):
-        return torch.randn(*shape, generator=g, device=case['device']).to(DTYPES[case['dtype']])
+        return torch.randn(*shape, generator=g, device=case['device']).to(getattr(torch, case['dtype']))
     if f == 'linear':
         xs = [rand(1, H, T, dh) for _ in range(3)]
         return xs, lambda q, k, v: (q, k, v, 0, case['causal'], case['window'], case['norm'], 0.0), \
@@ -197,6 +197,7 @@ def child_main(case_json):
     def report(**kw):
         print(json.dumps({**kw, 't': time.time()}), flush=True)
     case = json.loads(case_json)
+    import torch._dynamo  # noqa: F401  the first custom-op call imports it (3 s on CPU): part of the start
     report(stage='ready')  # imports done: the child start ends here
     try:
         why = check(case, report)
@@ -212,17 +213,19 @@ def child_main(case_json):
 
 def _spawn(name, case, folder):
     """Start the child for `case`, its stdout and stderr in files (no pipe to fill)."""
+    t0 = time.time()
     out = open(folder / f"{name}.out", 'w')
     err = open(folder / f"{name}.err", 'w')
     proc = subprocess.Popen([sys.executable, '-m', 'attention_kernels.preflight', '--child', json.dumps(case)],
                             cwd=ROOT, stdout=out, stderr=err, start_new_session=True)
     out.close()
     err.close()
-    return proc, time.time()
+    return proc, t0
 
 
-def _verdict(name, proc, started, folder, timed_out, timeout):
-    """What the child's files and exit say: {'ok', 'stage', 'what', 'start_s', 'check_s'}."""
+def _verdict(name, proc, started, folder, killed):
+    """What the child's files and exit say (killed: why the parent killed it, or None):
+    {'ok', 'stage', 'what', 'start_s', 'check_s'}."""
     records = [json.loads(x) for x in (folder / f"{name}.out").read_text().splitlines() if x.startswith('{')]
     err = (folder / f"{name}.err").read_text()
     stages = [r['stage'] for r in records if r.get('stage') in ('fwd', 'bwd', 'compare')]
@@ -232,8 +235,8 @@ def _verdict(name, proc, started, folder, timed_out, timeout):
     res = dict(stage=stage, start_s=round(ready - started, 2) if ready else None,
                check_s=round(end - ready, 2) if ready else None, ok=False)
     final = records[-1] if records and 'verdict' in records[-1] else None
-    if timed_out:
-        res['what'] = f"no result within {timeout:g} s in the preflight (a hang, or raise kernel_preflight_timeout)"
+    if killed:
+        res['what'] = killed
     elif final and final['verdict'] == 'ok':
         res['ok'], res['what'] = True, 'passed the preflight'
     elif final and final['verdict'] == 'mismatch':
@@ -254,23 +257,37 @@ def _verdict(name, proc, started, folder, timed_out, timeout):
     return res
 
 
+def _ready(name, folder):
+    """When the child said its imports were done, or None."""
+    for x in (folder / f"{name}.out").read_text().splitlines():
+        if x.startswith('{"stage": "ready"'):
+            return json.loads(x)['t']
+    return None
+
+
 def run_children(todo, timeout):
-    """{family: verdict} for {family: case}: one child each, all at once, one deadline."""
+    """{family: verdict} for {family: case}: one child each, all at once; a child past START_S
+    for its imports or `timeout` after them is killed (a hang)."""
     with tempfile.TemporaryDirectory(prefix='nanohfa-preflight-') as d:
         folder = Path(d)
-        started = {f: _spawn(f, case, folder) for f, case in todo.items()}
-        deadline = time.time() + timeout
+        running = {f: _spawn(f, case, folder) for f, case in todo.items()}
         verdicts = {}
-        for f, (proc, t0) in started.items():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.time()))
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # the child and whatever it started (compilers)
-                proc.wait()
-                timed_out = True
-            verdicts[f] = _verdict(f, proc, t0, folder, timed_out, timeout)
-        return verdicts
+        while running:
+            time.sleep(0.05)
+            for f, (proc, t0) in list(running.items()):
+                killed = None
+                if proc.poll() is None:
+                    ready = _ready(f, folder)
+                    if time.time() < (ready + timeout if ready else t0 + START_S):
+                        continue
+                    os.killpg(proc.pid, signal.SIGKILL)  # the child and whatever it started (compilers)
+                    proc.wait()
+                    killed = (f"no result within {timeout:g} s in the preflight (a hang, or raise "
+                              f"kernel_preflight_timeout)" if ready else
+                              f"the preflight's process took more than {START_S} s to import torch and triton")
+                verdicts[f] = _verdict(f, proc, t0, folder, killed)
+                del running[f]
+        return {f: verdicts[f] for f in todo}
 
 
 def machine(device):
