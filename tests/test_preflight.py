@@ -122,7 +122,7 @@ def losses(out_dir):
 
 
 def preflight_lines(text):
-    return [x for x in text.splitlines() if 'preflight' in x]
+    return [x for x in text.splitlines() if ' the preflight' in x]
 
 
 @pytest.mark.slow
