@@ -92,7 +92,8 @@ def char_data(tmp_path_factory):
 def train_args(data_dir, out_dir, **kw):
     cfg = dict(data_dir=data_dir, out_dir=out_dir, device='cpu', n_layer=3, attn_layers='linear,hfa_v1,ha',
                n_head=2, n_embd=32, block_size=16, batch_size=4, max_iters=3, lr_decay_iters=3, warmup_iters=1,
-               eval_interval=3, eval_iters=2, log_interval=1, dropout=0.0, kernel_preflight_timeout=TIMEOUT)
+               eval_interval=3, eval_iters=2, log_interval=1, dropout=0.0, gradient_accumulation_steps=2,
+               peak_flops=1e12, kernel_preflight_timeout=TIMEOUT)
     cfg.update(kw)
     return ['train.py'] + [f'--{k}={v}' for k, v in cfg.items()]
 
