@@ -26,7 +26,7 @@ from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
-TIMEOUT = 4  # kernel_preflight_timeout in these tests: what the entry that never returns costs, after its start
+TIMEOUT = 30  # kernel_preflight_timeout here: what the entry that never returns costs after the child's imports
 
 FAKES = '''
 import os, time
@@ -129,11 +129,12 @@ def preflight_lines(text):
 @pytest.mark.slow
 def test_each_failure_is_one_line_and_training_goes_on_with_pytorch(char_data, tmp_path):
     """Three runs at once: kernel='torch'; kernel='auto' with linear aborting, HFA never
-    returning and HA wrong; kernel='auto' with linear raising at compile and HFA, HA correct."""
+    returning and HA wrong; kernel='auto' with linear raising at compile, HFA's real Triton
+    kernel (the interpreter) and a correct HA."""
     for d in ('a', 'b'):
         (tmp_path / d).mkdir()
     bad, _ = fakes(tmp_path / 'a', linear='abort', hfa='hang', ha='wrong')
-    mixed, mark = fakes(tmp_path / 'b', linear='compile_error', hfa='ok', ha='ok')
+    mixed, mark = fakes(tmp_path / 'b', linear='compile_error', ha='ok')
     procs = {'torch': start(train_args(char_data, tmp_path / 'torch', kernel='torch'), env(tmp_path / 'a', bad)),
              'bad': start(train_args(char_data, tmp_path / 'bad'), env(tmp_path / 'a', bad)),
              'mixed': start(train_args(char_data, tmp_path / 'mixed'), env(tmp_path / 'b', mixed))}
@@ -162,7 +163,7 @@ def test_each_failure_is_one_line_and_training_goes_on_with_pytorch(char_data, t
         "raised in the preflight: RuntimeError: PassManager::run failed; using PyTorch for linear")
     passed = preflight_lines(results['mixed'][1])
     assert len(passed) == 2 and all('passed the preflight (child start ' in x for x in passed)
-    assert sorted(runs(mark)) == ['ha', 'hfa']  # the correct entries ran, once each, in children
+    assert [x.split()[1] for x in passed] == ['hfa', 'ha'] and runs(mark) == ['ha']  # the fake ran in a child
     kernels = json.loads((tmp_path / 'mixed' / 'run.json').read_text())['kernels']
     assert {f: k['path'] for f, k in kernels.items()} == {'linear': 'pytorch', 'hfa': 'triton', 'ha': 'triton'}
 
@@ -254,7 +255,8 @@ def test_under_torchrun_a_failure_on_one_node_sends_every_rank_to_pytorch(char_d
                                       eval_interval=2), env(tmp_path / str(node), entries), launcher))
     (rc0, out0, err0), (rc1, out1, err1) = [finish(p) for p in procs]
     assert rc0 == 0 and rc1 == 0, err0[-3000:] + err1[-3000:]
-    assert 'passed the preflight' in out0 and not preflight_lines(err0)
+    assert 'passed the preflight' in out0
+    assert preflight_lines(err0) == ["nanoHFA: triton ha failed the preflight on another node; using PyTorch for ha"]
     assert len(preflight_lines(err1)) == 1 and 'disagrees with PyTorch in the preflight' in err1
     kernels = json.loads((out / 'run.json').read_text())['kernels']  # rank 0's record
     assert kernels['ha']['path'] == 'pytorch'
