@@ -432,15 +432,17 @@ def agree(paths, kernel, device):
 # gpu_check.sh: the classes a GPT-2-small run of each Triton family uses, fresh, as JSON
 
 
-def report(out, timeout):
+def report(out, timeout, device='cuda', T=1024, head_sizes=(64, 128), dtype='bfloat16'):
+    """Each family's verdict at GPT-2 small's width (768) for each head size, fresh (no cache),
+    one JSON line each as they come and all in `out`. Returns 0: a failed kernel is a verdict."""
     from model import GPTConfig
     records = []
     todo = {}
-    for dh in (64, 128):
+    for dh in head_sizes:
         for name, kw in (('linear', dict(attention='linear')), ('hfa', dict(attention='hfa_v1')),
                          ('ha', dict(attention='ha', ha_window1=512, ha_window2=32))):
             cfg = GPTConfig(n_head=768 // dh, n_embd=768, **kw)
-            case = cases(cfg, 'bfloat16', 1024, 'cuda').get(name)
+            case = cases(cfg, dtype, T, device).get(name)
             if case:
                 todo[f"{name} dh={dh}"] = case
     for name, v in run_children(todo, timeout).items():
@@ -455,12 +457,17 @@ def report(out, timeout):
 if __name__ == '__main__':
     if sys.argv[1:2] == ['--child']:
         child_main(sys.argv[2])
+        os._exit(0)  # the verdict is out; torch's and triton's teardown took 3 s more on CPU
     else:
         import argparse
         p = argparse.ArgumentParser(description='the preflight of the Triton kernels, GPT-2-small classes')
         p.add_argument('--report', required=True, help='the JSON file of verdicts')
         p.add_argument('--timeout', type=float, default=TIMEOUT_S)
+        p.add_argument('--device', default='cuda')
+        p.add_argument('--T', type=int, default=1024)
+        p.add_argument('--dh', default='64,128', help='head sizes')
+        p.add_argument('--dtype', default='bfloat16')
         a = p.parse_args()
         sys.path.insert(0, str(ROOT))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # gpu_check.sh's timeout: children killed too
-        sys.exit(report(a.report, a.timeout))
+        sys.exit(report(a.report, a.timeout, a.device, a.T, [int(x) for x in a.dh.split(',')], a.dtype))

@@ -261,3 +261,23 @@ def test_under_torchrun_a_failure_on_one_node_sends_every_rank_to_pytorch(char_d
     kernels = json.loads((out / 'run.json').read_text())['kernels']  # rank 0's record
     assert kernels['ha']['path'] == 'pytorch'
     assert kernels['ha']['why'] == "triton ha failed the preflight on another node; using PyTorch for ha"
+
+
+@pytest.mark.slow
+def test_gpu_check_reports_every_verdict_a_crash_included(tmp_path):
+    """tools/gpu_check.sh's preflight (`python -m attention_kernels.preflight --report`): a
+    child that aborts, one that raises and one that hangs are three verdicts in the file, and
+    the script exits 0 (what failed is the kernel, not the report)."""
+    entries, _ = fakes(tmp_path, linear='abort', hfa='compile_error', ha='hang')
+    out = tmp_path / 'preflight.json'
+    rc, stdout, stderr = finish(start(['-m', 'attention_kernels.preflight', '--report', str(out), '--timeout', '3',
+                                       '--device', 'cpu', '--T', '16', '--dh', '16', '--dtype', 'float32'],
+                                      env(tmp_path, entries)))
+    assert rc == 0, stderr
+    recs = {r['case']: r for r in json.loads(out.read_text())}
+    assert [json.loads(x)['case'] for x in stdout.splitlines()] == list(recs) == ['linear dh=16', 'hfa dh=16',
+                                                                                  'ha dh=16']
+    assert recs['linear dh=16']['verdict'] == "the preflight's process died (SIGABRT)"
+    assert recs['hfa dh=16']['verdict'] == 'raised in the preflight: RuntimeError: PassManager::run failed'
+    assert recs['ha dh=16']['verdict'].startswith('no result within 3 s in the preflight')
+    assert recs['ha dh=16']['config'].startswith('ha float32 dh=16 causal window cpu sm_90 tiles ')
