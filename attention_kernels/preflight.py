@@ -82,6 +82,8 @@ def cases(cfg, dtype, T, device):
     of `dtype` (a name) and length T. A case is a plain dict (it travels to the child as JSON).
     Attention-weight dropout is left out: evaluation runs without it, on the Triton forms."""
     from model import head_groups  # the model's heads: which families, with how many streams
+    if attention_kernels.load_triton() is not None:  # no Triton kernel runs (kernel='triton' says so at the model)
+        return {}
     fake = _fake_entries()
     kind = 'triton' if fake is not None else cfg.kernel  # the fakes: Triton forms wherever they'd run
     dev_type = 'cuda' if fake is not None else torch.device(device).type
