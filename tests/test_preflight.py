@@ -26,7 +26,8 @@ from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
-TIMEOUT = 30  # kernel_preflight_timeout here: what the entry that never returns costs after the child's imports
+TIMEOUT = 30  # kernel_preflight_timeout here: time for a real kernel in the interpreter on a loaded machine
+HANG_TIMEOUT = 8  # where every entry is a fake that returns at once, or never: what the hang costs
 
 FAKES = '''
 import os, time
@@ -51,6 +52,12 @@ def wrong(family):
 def compile_error(family):
     def entry(*args):
         raise RuntimeError("PassManager::run failed")  # what a Triton compile that fails in MLIR raises
+    return entry
+
+
+def illegal_access(family):
+    def entry(*args):  # what torch raises after a kernel's illegal memory access
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
     return entry
 
 
@@ -136,7 +143,8 @@ def test_each_failure_is_one_line_and_training_goes_on_with_pytorch(char_data, t
     bad, _ = fakes(tmp_path / 'a', linear='abort', hfa='hang', ha='wrong')
     mixed, mark = fakes(tmp_path / 'b', linear='compile_error', ha='ok')
     procs = {'torch': start(train_args(char_data, tmp_path / 'torch', kernel='torch'), env(tmp_path / 'a', bad)),
-             'bad': start(train_args(char_data, tmp_path / 'bad'), env(tmp_path / 'a', bad)),
+             'bad': start(train_args(char_data, tmp_path / 'bad', kernel_preflight_timeout=HANG_TIMEOUT),
+                          env(tmp_path / 'a', bad)),
              'mixed': start(train_args(char_data, tmp_path / 'mixed'), env(tmp_path / 'b', mixed))}
     results = {k: finish(p) for k, p in procs.items()}
     for name, (rc, out, err) in results.items():
@@ -147,7 +155,7 @@ def test_each_failure_is_one_line_and_training_goes_on_with_pytorch(char_data, t
     assert len(err) == 3, results['bad'][2]
     line = {f: next(x for x in err if x.startswith(f"nanoHFA: triton {f} ")) for f in ('linear', 'hfa', 'ha')}
     assert line['linear'].endswith("the preflight's process died (SIGABRT); using PyTorch for linear")
-    assert line['hfa'].endswith(f"no result within {TIMEOUT} s in the preflight (a hang, or raise "
+    assert line['hfa'].endswith(f"no result within {HANG_TIMEOUT} s in the preflight (a hang, or raise "
                                 f"kernel_preflight_timeout); using PyTorch for hfa")
     assert line['ha'].startswith("nanoHFA: triton ha fwd (ha float32 dh=16 causal cpu sm_90 tiles ")
     assert "disagrees with PyTorch in the preflight: out relative RMSE 1.0e-02 > 2.0e-04; using PyTorch for ha" \
@@ -265,9 +273,9 @@ def test_under_torchrun_a_failure_on_one_node_sends_every_rank_to_pytorch(char_d
 @pytest.mark.slow
 def test_gpu_check_reports_every_verdict_a_crash_included(tmp_path):
     """tools/gpu_check.sh's preflight (`python -m attention_kernels.preflight --report`): a
-    child that aborts, one that raises and one that hangs are three verdicts in the file, and
-    the script exits 0 (what failed is the kernel, not the report)."""
-    entries, _ = fakes(tmp_path, linear='abort', hfa='compile_error', ha='hang')
+    child that aborts, one that meets an illegal memory access and one that hangs are three
+    verdicts in the file, and the script exits 0 (what failed is the kernel, not the report)."""
+    entries, _ = fakes(tmp_path, linear='abort', hfa='illegal_access', ha='hang')
     out = tmp_path / 'preflight.json'
     rc, stdout, stderr = finish(start(['-m', 'attention_kernels.preflight', '--report', str(out), '--timeout', '3',
                                        '--device', 'cpu', '--T', '16', '--dh', '16', '--dtype', 'float32'],
@@ -277,6 +285,6 @@ def test_gpu_check_reports_every_verdict_a_crash_included(tmp_path):
     assert [json.loads(x)['case'] for x in stdout.splitlines()] == list(recs) == ['linear dh=16', 'hfa dh=16',
                                                                                   'ha dh=16']
     assert recs['linear dh=16']['verdict'] == "the preflight's process died (SIGABRT)"
-    assert recs['hfa dh=16']['verdict'] == 'raised in the preflight: RuntimeError: PassManager::run failed'
+    assert recs['hfa dh=16']['verdict'] == 'illegal memory access in the preflight (CUDA error 700)'
     assert recs['ha dh=16']['verdict'].startswith('no result within 3 s in the preflight')
     assert recs['ha dh=16']['config'].startswith('ha float32 dh=16 causal window cpu sm_90 tiles ')
