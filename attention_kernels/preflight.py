@@ -350,19 +350,19 @@ def _write_cache(path, new):
     os.replace(tmp, path)
 
 
-def verdicts(todo, timeout, use_cache=True):
+def verdicts(todo, timeout):
     """{family: verdict} for {family: case}: from the cache where it holds one, else from the
-    children (whose verdicts are then cached), each with 'key' and 'cached'."""
+    children (whose verdicts are then cached); 'cached' says which."""
     path = cache_path()
     prefix = f"{machine(next(iter(todo.values()))['device'])} src {source_hash()}"
     keys = {f: f"{prefix} | {case['config']}" for f, case in todo.items()}
-    table = _read_cache(path) if use_cache else {}
-    found = {f: {**table[k], 'cached': True} for f, k in keys.items() if k in table}
-    fresh = run_children({f: c for f, c in todo.items() if f not in found}, timeout) if len(found) < len(todo) else {}
+    table = _read_cache(path)
+    missing = {f: case for f, case in todo.items() if keys[f] not in table}
+    fresh = run_children(missing, timeout) if missing else {}
     if fresh:
         stamp = time.strftime('%Y-%m-%d %H:%M')
         _write_cache(path, {keys[f]: {**v, 'when': stamp} for f, v in fresh.items()})
-    return {f: {**(found.get(f) or fresh[f]), 'key': keys[f], 'cached': f in found} for f in todo}
+    return {f: {**fresh[f], 'cached': False} if f in fresh else {**table[keys[f]], 'cached': True} for f in todo}
 
 
 # -----------------------------------------------------------------------------
@@ -399,10 +399,12 @@ def run(cfg, device, dtype, T, timeout=TIMEOUT_S, local_rank=0):
         text = line(todo[f], v, cfg.kernel)
         if not v['ok'] and cfg.kernel == 'triton':
             _stop(text)
-        print(f"nanoHFA: {text}" if not v['ok'] else text, file=sys.stdout if v['ok'] else sys.stderr, flush=True)
-        paths[f] = {'path': 'triton' if v['ok'] else 'pytorch', 'why': text, 'config': todo[f]['config']}
-        if not v['ok']:
+        if v['ok']:
+            print(text, flush=True)
+        else:
+            print(f"nanoHFA: {text}", file=sys.stderr, flush=True)
             attention_kernels.use_pytorch(f, text)
+        paths[f] = {'path': 'triton' if v['ok'] else 'pytorch', 'why': text, 'config': todo[f]['config']}
     return paths
 
 
