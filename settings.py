@@ -124,6 +124,10 @@ TRAIN = {
                              "with the run's threads and cached)", '>= 0'),
         'threads': S(0, "CPU threads per process (0: torch's default, a thread per core; DDP on CPU: the "
                         "cores shared out)", '>= 0'),
+        'kernel_preflight_timeout': S(120.0, "seconds for the preflight, after its imports: on CUDA, before training, "
+                                             "each Triton kernel the run uses runs first in a child process; a crash, "
+                                             "a hang past this or a mismatch sends its family to PyTorch (off with "
+                                             "the self-check; docs/reliability.md)", '> 0'),
     },
 }
 

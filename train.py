@@ -45,6 +45,7 @@ import devices  # noqa: E402
 import hardware  # noqa: E402
 import run_folder  # noqa: E402
 import settings  # noqa: E402
+from attention_kernels import preflight  # noqa: E402
 from errors import UserError  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -212,12 +213,17 @@ if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, m
               f"to do, nothing changed: give a larger --max_iters to train on")
     sys.exit(0)
 
+# each Triton kernel the run uses runs first in a child process (local rank 0 of each node): a
+# crash, hang or mismatch sends its family to PyTorch; kernel='triton' stops here, nothing written
+kernel_paths = preflight.run(gptconf, device, dtype, block_size, kernel_preflight_timeout, local_rank)
+
 # everything the user gave has been checked: only now does the run take out_dir and write
 out = Path(out_dir)
 lock = run_folder.claim(out_dir, fresh=ckpt is None, overwrite=overwrite) if master and not eval_only else None
 if ddp:  # ddp_backend: nanoGPT's `backend`; gloo on CPU, where NCCL does not run
     dist.init_process_group(backend=ddp_backend if device_type == 'cuda' else 'gloo',
                             timeout=timedelta(seconds=ddp_timeout))
+    kernel_paths = preflight.agree(kernel_paths, gptconf.kernel, device)  # failed on any node: PyTorch on all
 if master:
     print(f"tokens per iteration: {tokens_per_iter:,} ({gradient_accumulation_steps} x {batch_size} x "
           f"{block_size}, {world_size} process{'es' * (world_size > 1)}{', FSDP' * fsdp}), device {device}, {dtype}"
@@ -311,7 +317,7 @@ evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: s
 if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
     run_folder.start_logs(out, {'config': config, 'model_args': asdict(gptconf), 'params': n_params,
                                 'flops_per_token': flops_per_token, 'world_size': world_size, 'peak_flops': peak,
-                                'peak_flops_source': peak_source},
+                                'peak_flops_source': peak_source, 'kernels': kernel_paths},
                           resumed_at=iter_num if ckpt is not None else None, evaluated=evaluated_at_start)
     if ckpt is not None:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")

@@ -12,6 +12,8 @@ one folder per family in the manner of flash-linear-attention:
     guard.py           what stands between a Triton kernel and the model: a kernel that fails
                        to compile or launch, or that disagrees with PyTorch on its first
                        use (the self-check), is replaced by its PyTorch stand-in
+    preflight.py       before that, each Triton kernel a run uses runs once in a child process
+                       (a crash, a hang, a mismatch there sends the family to PyTorch)
     fallback.py        those stand-ins, one per Triton entry point
 
 A family holds naive.py (its definition, materialised: the float64 reference the tests
@@ -23,7 +25,7 @@ that asks `dispatch` below which form computes the call and calls it.
 family and the inputs (`route` holds the rule, by name): 'reference' runs every family
 through its definition (materialising: small sizes only); 'torch' the PyTorch forms;
 'triton' the Triton kernels wherever they cover the case; 'auto' Triton for CUDA tensors
-when triton imports, PyTorch elsewhere. The choice is the model's own: nothing here
+when triton imports (and the family passed the preflight), PyTorch elsewhere. The choice is the model's own: nothing here
 remembers a setting, so models with different settings live side by side in one process.
 On a machine without CUDA, triton is imported with its interpreter on, so kernel='triton'
 runs the Triton kernels on CPU tensors (slowly; the tests do this at tiny sizes).
@@ -41,6 +43,12 @@ FAMILIES = {'hfa': 'hfa.triton', 'linear': 'linear.triton', 'ha': 'ha.triton'}
 
 _triton = {'tried': False, 'error': None, 'env_before': None}  # filled once by load_triton()
 _modules = {}
+_pytorch_for = {}  # family -> the preflight's line that sent it to PyTorch (about the kernel on this GPU)
+
+
+def use_pytorch(family, why):
+    """kernel='auto' computes `family` with PyTorch from now on in this process (preflight.py)."""
+    _pytorch_for[family] = why
 
 
 def load_triton():
@@ -119,7 +127,8 @@ def route(kernel, family, dtype, device, *, softmax=True, dropout=False, order=3
         return 'sdpa'
     covered = dtype in TRITON_DTYPES and not dropout and {  # what the Triton kernels compute
         'linear': True, 'hfa': softmax and factors <= 4, 'ha': softmax and order == 3}[family]
-    if covered and (kernel == 'triton' or (kernel == 'auto' and device == 'cuda')) and load_triton() is None:
+    auto = kernel == 'auto' and device == 'cuda' and family not in _pytorch_for
+    if covered and (kernel == 'triton' or auto) and load_triton() is None:
         return 'triton_chunked' if family == 'linear' and long_causal else 'triton'
     if covered and kernel == 'triton':
         raise RuntimeError(f"kernel='triton' but there is no Triton kernel for {family!r} "

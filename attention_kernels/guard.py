@@ -24,6 +24,9 @@ with kernel='auto', sends that class to PyTorch for the rest of the process; ker
 raises instead. What is remembered is about the kernel (a class found wrong is wrong for every
 model), never a model's setting: each call brings its own (`strict`, `check`).
 
+Before all this, the preflight (preflight.py) runs each family's first use in a child process,
+where a crash or a hang costs the child, not the run; this check is the second line of defence.
+
 The ops call `run` from their eager implementations, which torch.compile never traces (it
 sees the fake implementations), so the check happens on first execution, outside the graph.
 """

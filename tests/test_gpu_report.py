@@ -19,6 +19,12 @@ def test_report_of_a_whole_run(tmp_path):
     write(tmp_path, 'gpu_check.json', [dict(section='environment', status='ok', exit_code=0, seconds=3, log='x'),
                                        dict(section='kernel_tests', status='timeout', exit_code=124, seconds=40,
                                             log='y')])
+    write(tmp_path, 'preflight.json', [
+        dict(case='hfa dh=64', config='hfa A=2 bfloat16 dh=64 causal cuda sm_90 tiles ... T=1024', verdict='ok',
+             stage='compare', start_s=6.1, check_s=3.2),
+        dict(case='ha dh=128', config='ha bfloat16 dh=128 causal window cuda sm_90 tiles ... T=1024',
+             verdict='illegal memory access in the preflight (CUDA error 700)', stage='bwd', start_s=6.3,
+             check_s=None)])
     write(tmp_path, 'self_check.json', [
         dict(family='hfa', dtype='bfloat16', head_dim=64, Tq=1024, Tk=1024, offset=0, window=0, verdict='ok',
              detail='', seconds=1.5, checked=[]),
@@ -38,10 +44,12 @@ def test_report_of_a_whole_run(tmp_path):
         '<failure message="x"/></testcase><testcase classname="t" name="c"><skipped/></testcase>'
         '</testsuite></testsuites>')
     text = gpu_report.report(tmp_path).read_text()
-    assert text.index('## Device') < text.index('## Sections') < text.index('## Self-check') < \
+    assert text.index('## Device') < text.index('## Preflight') < text.index('## Sections') < text.index('## Self-check') < \
         text.index('## Kernels beside SDPA') < text.index('## Training step') < text.index('## Kernel tests')
     assert 'NVIDIA H100 80GB HBM3' in text and '| triton | 3.6.0 |' in text
     assert '**Not finished: kernel_tests**' in text
+    assert '1 of 2 Triton families passed: **1 did not** (crashed, hung or disagreed' in text
+    assert '| ha dh=128 | illegal memory access in the preflight (CUDA error 700) | bwd | 6.3 |' in text
     assert '1 of 2 configurations agree with PyTorch: **1 do not**' in text and 'dk2 relative RMSE' in text
     assert '| sdpa | 4096 | 64 | 2.000 | 400.0 | 40.0 | 1.00 |  |' in text
     assert 'error: KernelMismatch' in text and '| ha_win | 4096 | 64 |' not in text  # forward-only rows left out
@@ -51,8 +59,8 @@ def test_report_of_a_whole_run(tmp_path):
 
 def test_report_when_nothing_ran(tmp_path):
     text = gpu_report.report(tmp_path).read_text()
-    assert text.count('## ') == 6
-    assert 'no self_check.json' in text and 'no bench_kernels.jsonl' in text and 'no kernel_tests.xml' in text
+    assert text.count('## ') == 7
+    assert 'no preflight.json' in text and 'no self_check.json' in text and 'no bench_kernels.jsonl' in text and 'no kernel_tests.xml' in text
 
 
 def test_an_unreadable_file_costs_its_section_only(tmp_path):

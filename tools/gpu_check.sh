@@ -2,6 +2,9 @@
 # One GPU check on an H100/H200 that returns everything within 8 minutes, and one report to
 # read and share: $OUT/gpu_check.md (markdown; tools/gpu_report.py) beside the JSON. On your
 # first GPU run, run this and send us gpu_check.md. The most important numbers come first:
+#   0. the preflight (attention_kernels/preflight.py): each Triton family at a GPT-2-small
+#      training class (bf16, dh 64 and 128, T = 1024), forward + backward in a child process
+#      under a timeout: a crash, a hang or a mismatch there is a verdict in the report, first
 #   1. every Triton kernel's self-check against PyTorch (tools/self_check.py): bf16 at head
 #      sizes 64 and 128 (causal, windows, decoding) and fp32, the classes a GPT-2-small run uses
 #   2. HA forward + backward TFLOP/s at T = 4096, dh 64 and 128 (windows 512 x 32), beside SDPA
@@ -11,6 +14,7 @@
 # A first section compiles the Triton kernels of 1-5 in parallel processes (the GPU image's
 # Triton cache starts empty; compiling is CPU work, and the machine has 16 cores): the bench
 # rows, the self-check and the kernel tests themselves, so that no later section compiles cold.
+# The preflight (0) runs there too, beside them: a first use that compiles, in children.
 #
 #     bash tools/gpu_check.sh            # on a GPU; without one it prints the plan (dry mode)
 #     bash tools/gpu_check.sh --dry      # the plan: every section, its limit, the total, the margin
@@ -146,6 +150,9 @@ warm() {
     done
     "$PYTHON" tools/self_check.py --out "$OUT/warm_self_check.json" > "$OUT/warm_self_check.log" 2>&1 &
     pids+=($!)
+    # the preflight: its children die, hang or disagree, and it writes their verdicts (exit 0)
+    "$PYTHON" -m attention_kernels.preflight --report "$OUT/preflight.json" --timeout 55 > "$OUT/preflight.log" 2>&1 &
+    pids+=($!)
     local i=0
     for group in "tests/test_triton_ha.py -k cuda" "tests/test_kernels_triton.py -k cuda_hfa" \
                  "tests/test_kernels_triton.py -k cuda_linear" "tests/test_kernel_guards.py -k fallback"; do
@@ -155,6 +162,8 @@ warm() {
     done
     local rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    echo "preflight verdicts:"
+    cat "$OUT/preflight.log"
     return $rc
 }
 section warm_cache bash -c "$(declare -f warm); PYTHON='$PYTHON' OUT='$OUT' warm"

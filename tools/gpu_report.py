@@ -51,6 +51,18 @@ def sections(out):
     return head + _table(['section', 'status', 'seconds', 'exit code'], rows)
 
 
+def preflight(out):
+    recs = _load(out / 'preflight.json')
+    if recs is None:
+        return ['no preflight.json (the warm_cache section did not run or finish)']
+    bad = [r for r in recs if r['verdict'] != 'ok']
+    head = [f"{len(recs) - len(bad)} of {len(recs)} Triton families passed"
+            f"{': **' + str(len(bad)) + ' did not** (crashed, hung or disagreed in a child process)' if bad else ''}.",
+            '']
+    rows = [(r['case'], r['verdict'], r['stage'], r['start_s'], r['check_s'], r['config']) for r in recs]
+    return head + _table(['case', 'verdict', 'stage', 'child start s', 'check s', 'configuration class'], rows)
+
+
 def self_check(out):
     recs = _load(out / 'self_check.json')
     if recs is None:
@@ -107,7 +119,8 @@ def kernel_tests(out):
     return [', '.join(f"{v} {k}" for k, v in counts.items())] + [f"- failed: `{f}`" for f in failed]
 
 
-PARTS = [('Device', environment), ('Sections', sections), ('Self-check of every Triton kernel', self_check),
+PARTS = [('Device', environment), ('Preflight: each Triton family first run in a child process', preflight),
+         ('Sections', sections), ('Self-check of every Triton kernel', self_check),
          ('Kernels beside SDPA', kernels), ('Training step per variant', train_step), ('Kernel tests', kernel_tests)]
 
 
