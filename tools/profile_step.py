@@ -8,10 +8,13 @@ batch 1, fp32, one thread), and each variant's speed against the first one's.
 
 The speed ratios come from one process that visits the variants in turn, round after round,
 and take the median over the rounds: on a shared machine a load that comes and goes hits
-every variant alike, where separate runs would each see a different load. The profile is
-is taken the same way (--profile_rounds rounds of --profile_steps steps of each variant) and
-given per step; an op's `self` time is its own, without the ops it calls, so the column of a
-variant adds up to its step (plus the profiler's own cost).
+every variant alike, where separate runs would each see a different load. Times are the
+thread's CPU time by default (--clock cpu: with one thread the step runs on it, backward
+included, and a step that waits for a core taken by other work does not count the wait;
+--clock wall for wall-clock time, as bench.py measures). The profile is
+is taken the same way (--profile_rounds rounds of --profile_steps steps of each variant), per
+step, each op's median over the rounds; an op's `self` time is its own, without the ops it
+calls, so a variant's column adds up to about its step (plus the profiler's own cost).
 """
 
 import argparse
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,19 +44,22 @@ def make_step(variant, args):
     return bench.train_step(model, opt, *bench.random_batch(cfg.vocab_size, args.batch_size, args.block_size))
 
 
-def seconds_per_step(step, n):
-    t0 = time.perf_counter()
+CLOCKS = {'cpu': time.thread_time, 'wall': time.perf_counter}
+
+
+def seconds_per_step(step, n, clock=time.thread_time):
+    t0 = clock()
     for _ in range(n):
         step()
-    return (time.perf_counter() - t0) / n
+    return (clock() - t0) / n
 
 
-def interleaved_times(steps, rounds, n):
+def interleaved_times(steps, rounds, n, clock=time.thread_time):
     """{variant: [seconds per step, one per round]}, the variants visited in turn each round."""
     times = {v: [] for v in steps}
     for _ in range(rounds):
         for v, step in steps.items():
-            times[v].append(seconds_per_step(step, n))
+            times[v].append(seconds_per_step(step, n, clock))
     return times
 
 
@@ -62,17 +69,48 @@ def speed_ratios(times, base):
 
 
 def self_times(steps, rounds, n):
-    """{variant: {op: self CPU ms per step}}: torch.profiler over n steps of each variant,
-    the variants in turn, for `rounds` rounds (a passing load is shared out alike)."""
-    found = {v: {} for v in steps}
+    """{variant: {op: self CPU ms per step}}: torch.profiler over n steps of each variant, the
+    variants in turn, for `rounds` rounds; each op's median over the rounds (the profiler
+    times ops by the wall clock: a round in which other work took the core is outvoted)."""
+    found = {v: [] for v in steps}
     for _ in range(rounds):
         for v, step in steps.items():
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(n):
                     step()
-            for e in prof.key_averages():
-                found[v][e.key] = found[v].get(e.key, 0.0) + e.self_cpu_time_total / 1e3 / (n * rounds)
-    return found
+            found[v].append({e.key: e.self_cpu_time_total / 1e3 / n for e in prof.key_averages()})
+    return {v: {op: statistics.median(r.get(op, 0.0) for r in runs) for op in set().union(*runs)}
+            for v, runs in found.items()}
+
+
+class OpCPUTime(TorchDispatchMode):
+    """Every aten op a step runs (forward, backward and optimizer: what reaches the kernels),
+    timed by this thread's CPU time: {op: seconds}. An op's own time, as the ops it calls
+    internally run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.thread_time()
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.thread_time() - t0
+        return out
+
+
+def op_cpu_times(steps, rounds, n):
+    """As self_times, timed by OpCPUTime instead of the profiler: {variant: {op: CPU ms per step}}."""
+    found = {v: [] for v in steps}
+    for _ in range(rounds):
+        for v, step in steps.items():
+            with OpCPUTime() as timer:
+                for _ in range(n):
+                    step()
+            found[v].append({f"aten::{op}": s * 1e3 / n for op, s in timer.seconds.items()})
+    return {v: {op: statistics.median(r.get(op, 0.0) for r in runs) for op in set().union(*runs)}
+            for v, runs in found.items()}
 
 
 def table(found, top):
@@ -99,11 +137,14 @@ def main(argv=None):
     p.add_argument('--n_embd', type=int, default=64)
     p.add_argument('--vocab', type=int, default=256)
     p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--clock', choices=tuple(CLOCKS), default='cpu', help="the step times' clock (see above)")
     p.add_argument('--rounds', type=int, default=9, help='rounds over the variants for the speed ratios')
     p.add_argument('--steps', type=int, default=10, help='steps per variant per round')
-    p.add_argument('--profile_rounds', type=int, default=5, help='rounds over the variants for the profile')
-    p.add_argument('--profile_steps', type=int, default=4, help='profiled steps per variant per round')
+    p.add_argument('--profile_rounds', type=int, default=9, help='rounds over the variants for the profile')
+    p.add_argument('--profile_steps', type=int, default=2, help='profiled steps per variant per round')
     p.add_argument('--top', type=int, default=12)
+    p.add_argument('--timer', choices=('profiler', 'cpu'), default='profiler',
+                   help="the per-op table: torch.profiler's self time, or each aten op's CPU time (see above)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     variants = args.variants.split(',')
@@ -113,12 +154,13 @@ def main(argv=None):
         step()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), L={args.block_size}, "
           f"batch {args.batch_size}, {args.n_layer} x {args.n_embd} ({args.n_head} heads)\n")
-    print(table(self_times(steps, args.profile_rounds, args.profile_steps), args.top) + '\n')
-    times = interleaved_times(steps, args.rounds, args.steps)
+    ops = (self_times if args.timer == 'profiler' else op_cpu_times)(steps, args.profile_rounds, args.profile_steps)
+    print(table(ops, args.top) + '\n')
+    times = interleaved_times(steps, args.rounds, args.steps, CLOCKS[args.clock])
     ratios = speed_ratios(times, variants[0])
     for v in variants:
         ms = [1e3 * t for t in times[v]]
-        print(f"{v}: {statistics.median(ms):.2f} ms/step (median of {args.rounds} rounds, range "
+        print(f"{v}: {statistics.median(ms):.2f} ms/step ({args.clock} time, median of {args.rounds} rounds, range "
               f"{min(ms):.2f}-{max(ms):.2f}), speed {ratios[v]:.2f}x {variants[0]}'s")
     return ratios
 

@@ -24,8 +24,8 @@ def explicit(q, k, v, offset, causal, window, softmax=True, dropout_p=0.0):
         sa = qa @ ka.transpose(-2, -1)
         w = sa * q.size(-1) ** (-0.5 * len(q)) if w is None else w * sa
     m = visible(q.size(-2), k.size(-2), offset, causal, window, q.device)
-    if softmax:  # in place: the products' backward reads their inputs, not w
-        w = torch.softmax(w.masked_fill_(~m, float('-inf')), dim=-1)
+    if softmax:  # the mask added as 0 / -inf: the addition's backward costs nothing, masked_fill's does
+        w = torch.softmax(w + torch.where(m, 0.0, float('-inf')).to(w.dtype), dim=-1)
     else:
         w = w * m
     return (F.dropout(w, dropout_p) if dropout_p else w) @ v
