@@ -176,11 +176,11 @@ def refuse_architecture_changes(config, set_by, source, source_args):
 
 
 def starting_weights(kind, config, set_by, ckpt, ckpt_path, meta, data_path):
-    """(weights, model_args) of a run that starts as `kind`
-    (init_kind's): the checkpoint it resumes (ckpt), another run's checkpoint (ours or
-    nanoGPT's), GPT-2's weights (a GPT) or none (from scratch, the config's model). Every
-    source is checked against the data's tokens and the user's architecture settings; the
-    settings that may change (dropout, hfa_kron, kernel, kernel_check) are the config's."""
+    """(weights, model_args) of a run that starts as `kind` (init_kind's): the checkpoint it
+    resumes (ckpt), another run's checkpoint (ours or nanoGPT's), GPT-2's weights (a GPT) or
+    none (from scratch: the config's model). Every source is checked against the data's tokens
+    and the user's architecture settings; the settings that may change (dropout, hfa_kron,
+    kernel, kernel_check) are the config's."""
     c = config
     model_args = {k: c[k] for k in c if k in GPTConfig.__dataclass_fields__}
     model_args['vocab_size'] = data.model_vocab_size(meta)
