@@ -1,9 +1,10 @@
 """
-Where a training step spends its time: torch.profiler on one train step (forward, backward,
+Where a training step spends its time: the top ops of one train step (forward, backward,
 AdamW) of each variant, at bench.py's CPU model (n_layer=2, n_head=2, n_embd=64, vocab 256,
 batch 1, fp32, one thread), and each variant's speed against the first one's.
 
     python tools/profile_step.py                                   # sa, hfa_v1, hfa_v2 at L = 256
+    python tools/profile_step.py --timer cpu --rounds 21           # on a shared machine (docs/performance.md)
     python tools/profile_step.py --variants sa,ha --block_size 1024 --rounds 5 --top 10
 
 The speed ratios come from one process that visits the variants in turn, round after round,
@@ -11,10 +12,13 @@ and take the median over the rounds: on a shared machine a load that comes and g
 every variant alike, where separate runs would each see a different load. Times are the
 thread's CPU time by default (--clock cpu: with one thread the step runs on it, backward
 included, and a step that waits for a core taken by other work does not count the wait;
---clock wall for wall-clock time, as bench.py measures). The profile is
-is taken the same way (--profile_rounds rounds of --profile_steps steps of each variant), per
-step, each op's median over the rounds; an op's `self` time is its own, without the ops it
-calls, so a variant's column adds up to about its step (plus the profiler's own cost).
+--clock wall for wall-clock time, as bench.py measures).
+
+The per-op table is taken the same way (--profile_rounds rounds of --profile_steps steps of
+each variant), per step, each op's median over the rounds: torch.profiler's self time
+(--timer profiler, an op's own time without the ops it calls; the wall clock, so on a busy
+machine it counts waits for a core), or each aten op timed by the thread's CPU time
+(--timer cpu), whose column adds up to the measured step.
 """
 
 import argparse
@@ -85,8 +89,8 @@ def self_times(steps, rounds, n):
 
 class OpCPUTime(TorchDispatchMode):
     """Every aten op a step runs (forward, backward and optimizer: what reaches the kernels),
-    timed by this thread's CPU time: {op: seconds}. An op's own time, as the ops it calls
-    internally run inside it."""
+    timed by this thread's CPU time: {op: seconds}. An op that runs others inside it counts
+    their time as its own; a composite op is seen as the ops it decomposes into."""
 
     def __init__(self):
         super().__init__()
