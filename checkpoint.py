@@ -12,11 +12,13 @@ the two are converted, so one checkpoint serves DDP, FSDP, one process and sampl
 
 import os
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+import configurator
 import data
 import hub
 import run_folder
@@ -147,6 +149,67 @@ def checkpoint_meta(ckpt, path, given='', gpt2_fallback=True):
     raise UserError(f"checkpoint {path} has a vocabulary of {vocab:,} tokens but {source} has {have}: not the data "
                     f"it was trained on; give that data's meta: --meta=path/to/{dataset_name} (the dataset folder) "
                     f"or --meta=path/to/meta.pkl")
+
+
+def train_config(defaults, argv, help_text):
+    """train.py's configuration: (config, what set each key, the checkpoint or None, its saved
+    config). With init_from='resume' the checkpoint in out_dir is read first, and its config is
+    the default for every key it holds (except init_from and out_dir); config files and
+    --key=value overrides go over it."""
+    config, applied = configurator.parse(defaults, argv, help_text)
+    if config['init_from'] != 'resume':
+        return config, applied, None, {}
+    ckpt = load_checkpoint(Path(config['out_dir']) / 'ckpt.pt', "nothing to resume; train with init_from='scratch' first")
+    saved = {k: v for k, v in ckpt.get('config', {}).items() if k in defaults and k not in ('init_from', 'out_dir')}
+    config, applied = configurator.parse({**defaults, **saved}, argv, help_text)
+    return config, applied, ckpt, saved
+
+
+def refuse_architecture_changes(config, set_by, source, source_args):
+    """A config file or override (set_by: key -> what set it) that contradicts the model being
+    loaded from `source`, whose model arguments are source_args: one line, not ignored."""
+    for k, v in source_args.items():
+        if k in set_by and k in config and k in GPTConfig.__dataclass_fields__ and config[k] != v \
+                and k not in ('dropout', 'hfa_kron', 'block_size', 'kernel_check'):  # these may change; block_size may shrink
+            raise UserError(f"{k}={config[k]!r} (set by {set_by[k]}) contradicts {source}, which has {k}={v!r}; "
+                            f"its architecture is fixed: drop that setting, or train a new model in another out_dir")
+
+
+def starting_weights(kind, config, set_by, ckpt, ckpt_path, meta, data_path):
+    """(weights, model_args) of a run that starts as `kind` (init_kind's): the checkpoint it
+    resumes (ckpt), another run's checkpoint (ours or nanoGPT's), GPT-2's weights (a GPT) or
+    none (from scratch: the config's model). Every source is checked against the data's tokens
+    and the user's architecture settings; the settings that may change (dropout, hfa_kron,
+    kernel, kernel_check) are the config's."""
+    c = config
+    model_args = {k: c[k] for k in c if k in GPTConfig.__dataclass_fields__}
+    model_args['vocab_size'] = data.model_vocab_size(meta)
+    source, weights = ckpt_path, ckpt
+    if kind == 'file':  # another run's weights (ours or nanoGPT's): a new run starts from them
+        source = Path(c['init_from'])
+        weights = load_checkpoint(source)
+        refuse_architecture_changes(c, set_by, f"the checkpoint {source}", weights['model_args'])
+    if weights is not None:
+        data.check_tokens_fit(weights, source, meta, data_path)
+        model_args = {**weights['model_args'], 'dropout': c['dropout'], 'hfa_kron': c['hfa_kron'], 'kernel': c['kernel'],
+                      'kernel_check': c['kernel_check']}
+        model_args = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
+    elif kind == 'gpt2':  # GPT-2 weights (nanoGPT's finetune and eval configs)
+        data.check_gpt2_tokens(c['init_from'], meta, data_path)
+        weights = load_gpt2(c['init_from'], c['dropout'])
+        refuse_architecture_changes(c, set_by, f"the GPT-2 weights {c['init_from']!r}", asdict(weights.config))
+        model_args = asdict(weights.config)
+    return weights, model_args
+
+
+def counters(ckpt):
+    """What a run counts over its sessions, where the checkpoint (None: from scratch) left it:
+    (elapsed seconds, seconds of timed steps, untimed iterations (each session's first step,
+    not in the timed seconds), skipped steps, whether its iteration was evaluated)."""
+    if not ckpt:
+        return 0.0, 0.0, 0, 0, False
+    return (ckpt.get('elapsed_s', 0.0), ckpt.get('train_time_s', 0.0), ckpt.get('untimed_iters', 0),
+            ckpt.get('skipped_steps', 0), ckpt.get('evaluated', True))
 
 
 def load_gpt2(name, dropout=0.0):

@@ -61,3 +61,10 @@ def to_host(t):
     copied = torch.cuda.Event()
     copied.record()
     return lambda: copied.synchronize() or buf.tolist()
+
+
+def to_device(device, *tensors):
+    """Host tensors (a batch) onto the device; to CUDA through pinned memory, without waiting."""
+    if device.startswith('cuda'):
+        return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+    return tuple(t.to(device) for t in tensors)

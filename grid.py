@@ -95,8 +95,9 @@ def plan(args):
     own_seeds = {n: p.pop('seeds') for n, p in presets.items() if 'seeds' in p}  # not a train.py key
     for n, own in own_seeds.items():
         if own == 0 or own is False:  # a count of 0 plans nothing; a user who writes it means seed 0
-            raise UserError(f"--preset {n}: seeds=0 gives no runs; give a count >= 1 (seeds=3: seeds 0-2) "
-                            f"or a list (seeds=0, for seed 0 alone)")
+            raise UserError(f"--preset {n}: seeds=0 is a count of no seeds (a count N runs seeds 0..N-1); for "
+                            f"seed 0 alone give the count seeds=1 or the list seeds=0, or seeds=[0] (a list: "
+                            f"seeds=0,2 runs seeds 0 and 2)")
     names = [v.strip() for v in args.variants.split(',') if v.strip()]
     unknown = [n for n in names if n not in presets]
     if unknown:

@@ -174,6 +174,45 @@ def peak_flops(device, override=0.0, cached=False):
     return measured_matmul_flops(device), f"{device}: measured fp32 matmul, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
 
 
+class MFU:
+    """A run's model FLOPs utilisation, never above 100%: flops_per_token x tokens/s against
+    world_size times the peak per process (peak_flops(); measure=False: none, and no MFU, as
+    on every process but the first). Past 100%, a measured peak was measured under a heavier
+    load than now: it is measured again (and cached); a given or tabled one is clamped."""
+
+    def __init__(self, flops_per_token, world_size, device, given=0.0, measure=True):
+        self.flops_per_token, self.world_size, self.device, self.given = flops_per_token, world_size, device, given
+        self.peak, self.source = peak_flops(device, given, cached=True) if measure else (None, None)
+        self.clamped = False  # the note on a clamped MFU is printed once
+
+    def __call__(self, tokens_per_s):
+        value = self.flops_per_token * tokens_per_s / (self.peak * self.world_size) \
+            if self.peak and tokens_per_s else None
+        if value is not None and value > 1:
+            if not self.device.startswith('cuda') and not self.given:  # cached_peak's measurement
+                self.peak, self.source = remeasured_peak(self.device, self.flops_per_token * tokens_per_s / self.world_size)
+                print(f"note: MFU {value:.0%} against the cached peak; MFU now against {self.peak / 1e12:.3g} "
+                      f"TFLOP/s ({self.source})")
+            elif not self.clamped:
+                print(f"note: MFU {value:.0%} against {self.peak / 1e12:.3g} TFLOP/s ({self.source}): that peak is "
+                      f"too low; MFU is shown as at most 100%")
+                self.clamped = True
+            value = min(1.0, self.flops_per_token * tokens_per_s / (self.peak * self.world_size))
+        return value
+
+
+def gpu_sized_note(n_params, tokens_per_iter, flops_per_token, peak, world_size, device, eval_iters, data_flag):
+    """A note when one iteration would take over 10 s on this non-CUDA device even at 100% MFU
+    against `peak` per process: a GPU-sized config; data_flag is the run's --dataset= or
+    --data_dir= for the CPU config it suggests. None otherwise."""
+    step_s = flops_per_token * tokens_per_iter / (peak * world_size)  # at 100% MFU: a lower bound
+    if device.startswith('cuda') or step_s <= 10:
+        return None
+    return (f"note: {n_params / 1e6:.0f}M parameters x {tokens_per_iter:,} tokens per iteration is a GPU-sized run: "
+            f"at least {step_s:,.0f} s per iteration on this {device} ({peak / 1e12:.3g} TFLOP/s), and an evaluation "
+            f"reads {2 * eval_iters} batches; a CPU config trains in minutes: python train.py config/cpu_sa.py {data_flag}")
+
+
 def training_memory(params, n_layer, n_embd, vocab_size, block_size, batch_size, world_size=8, parallel='ddp',
                     activation_checkpointing=False, accum=1, ha_layers=0):
     """Bytes per GPU of a bf16-autocast training step with AdamW, by part: the arithmetic

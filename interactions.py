@@ -78,9 +78,11 @@ token seen a few times in training keeps an embedding shaped mostly by weight ty
 gradient, and its coefficients, large and meaningless, would head every ranking.
 """
 
+import glob
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -88,6 +90,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import interactions_seeds as seeds
 from attention_kernels.hfa.pytorch import lift
 from errors import UserError
 from model import head_groups
@@ -600,6 +603,86 @@ def select_tokens(data_dir, dataset, vocab_size, n, min_freq, freq_tokens):
 
 
 # -----------------------------------------------------------------------------
+# several checkpoints (seeds of one variant): each read as one, then matched across seeds
+
+def checkpoint_dirs(out_dir):
+    """'a,b,c' or a glob ('runs/sa/seed*') -> the checkpoint folders, in order; None for one folder."""
+    if ',' not in out_dir and not glob.has_magic(out_dir):
+        return None
+    parts = [p for p in out_dir.split(',') if p]
+    dirs = []
+    for p in parts:
+        found = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
+        dirs += [d for d in found if os.path.isdir(d)]
+    missing = [d for d in dirs if not (Path(d) / 'ckpt.pt').exists()]
+    if missing:
+        raise UserError(f"no ckpt.pt in {', '.join(missing)}; give folders that train.py wrote")
+    if len(dirs) < 2:
+        raise UserError(f"--out_dir={out_dir} names {len(dirs)} checkpoint folder(s); give two or more "
+                        f"(a comma list or a glob) to compare seeds, or one folder for one model")
+    return dirs
+
+
+def read_seeds(o, dirs, argv=()):
+    """Several checkpoints of one variant (seeds): read each as main reads one, then match their
+    heads and report what recurs (interactions_seeds.py)."""
+    loaded = [load_source(d, 'resume', o['meta']) for d in dirs]
+    cfg0 = loaded[0][1]
+    same = [k for k in cfg0.__dataclass_fields__ if k not in ('dropout',)]
+    for d, (_, cfg, *_rest) in zip(dirs[1:], loaded[1:]):
+        diff = [k for k in same if getattr(cfg, k) != getattr(cfg0, k)]
+        if diff:
+            what = ', '.join(f"{k}: {getattr(cfg, k)!r} vs {getattr(cfg0, k)!r}" for k in diff[:3])
+            raise UserError(f"{d} is another model than {dirs[0]} ({what}); give seeds of one variant")
+    # seeds compare one training recipe: a checkpoint of a run still training is another model
+    iters = [torch.load(Path(d) / 'ckpt.pt', map_location='cpu', weights_only=True, mmap=True).get('iter_num')
+             for d in dirs]
+    if len(set(iters)) > 1:
+        what = ', '.join(f"{Path(d).name} {i}" for d, i in zip(dirs, iters))
+        raise UserError(f"the checkpoints are at different iterations ({what}); a run still training? "
+                        f"give checkpoints of the same length")
+    kinds = cfg0.layer_attentions()
+    if not 0 <= o['layer'] < len(kinds):
+        raise UserError(f"layer={o['layer']} but the model has {len(kinds)} layers (0..{len(kinds) - 1})")
+    kind = kinds[o['layer']]
+    n = o['top_n'] or (AUTO_N_TRIPLES if kind == 'ha' else AUTO_N_PAIRS)
+    _, _, meta, dataset, _ = loaded[0]
+    tokens, _ = select_tokens(o['data_dir'], dataset, cfg0.vocab_size, n, o['min_freq'], o['freq_tokens'])
+    all_labels = token_labels(meta, cfg0.vocab_size)
+    labels = [all_labels[i] for i in tokens]
+    prefix = f'transformer.h.{o["layer"]}.attn.'
+    seeds_heads, measures = [], []
+    for i, (d, (sd, cfg, *_rest)) in enumerate(zip(dirs, loaded)):
+        print(f"reading {d} ({i + 1} of {len(dirs)}): layer {o['layer']} ({kind}), {len(tokens)} tokens", flush=True)
+        inputs = token_inputs(sd, cfg, o['layer'], torch.tensor(tokens), o['positions'], o['ln'])
+        layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        heads = read_attention(layer_sd, cfg, kind, inputs)
+        seeds_heads.append(heads)
+        shares = None  # as for one model: measured only where positions are averaged; two draws
+        if o['positions'] == 'mean':
+            shares = [float(x) for x in np.mean([token_share(sd, cfg, o['layer'], tokens, heads, o['ln'], seed=j)
+                                                 for j in range(2)], 0)]
+        measures.append(dict(token_share=shares,
+                             offset_profile=offset_profile(sd, cfg, o['layer'], tokens, o['ln'])))
+    report = seeds.seed_stability(seeds_heads, labels, k=o['top_k'], measures=measures)
+    report.update(command='python interactions.py ' + ' '.join(shlex.quote(a) for a in argv), iterations=iters[0],
+                  sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
+                  tokens=[all_labels[t] for t in tokens])
+    for line in seeds.stability_lines(report, [Path(d).name for d in dirs]):
+        print(line)
+    out = Path(o['report_dir']) if o['report_dir'] else Path(dirs[0]).parent / f"interactions-seeds-layer{o['layer']}"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / 'seeds.json'
+    tmp = path.with_suffix('.json.tmp')
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
+    if o['figures']:
+        seeds.class_block_figure(report, out / f"seeds_layer{o['layer']}_class_blocks.png")
+    print(f"wrote {path}" + (f" and {out}/seeds_layer{o['layer']}_class_blocks.png" if o['figures'] else ''))
+    return report
+
+
+# -----------------------------------------------------------------------------
 
 def rounded(x, digits=6):
     """Tensors -> nested lists of floats at `digits` significant digits (the JSON's precision)."""
@@ -636,10 +719,9 @@ def main(argv=None):
                           configurator.help_text(settings.INTERACTIONS, 'interactions.py', __doc__))
     settings.check(settings.INTERACTIONS, o)
     if o['init_from'] == 'resume':  # several checkpoints (seeds of one variant): what recurs across them
-        import interactions_seeds
-        dirs = interactions_seeds.checkpoint_dirs(o['out_dir'])
+        dirs = checkpoint_dirs(o['out_dir'])
         if dirs:
-            return interactions_seeds.main(o, dirs, sys.argv[1:] if argv is None else argv)
+            return read_seeds(o, dirs, sys.argv[1:] if argv is None else argv)
     sd, cfg, meta, dataset, name = load_source(o['out_dir'], o['init_from'], o['meta'])
     kinds = cfg.layer_attentions()
     if not 0 <= o['layer'] < len(kinds):

@@ -1,7 +1,8 @@
 """
 What recurs across seeds: the interaction read-out of interactions.py for several checkpoints
 of one variant (seeds), with heads matched across seeds and, per structure, the number of
-seeds in which it appears.
+seeds in which it appears. interactions.py reads each checkpoint (read_seeds) and hands its
+heads here; this module matches them and reports, and imports nothing of interactions.py.
 
     python interactions.py --out_dir=out-a,out-b,out-c --layer=0
     python interactions.py --out_dir='grids/long12k/runs/sa_w16_lr4e-3/seed*' --top_k=20
@@ -38,10 +39,7 @@ The report lists first what a majority of seeds share, then each seed's own top 
 as one seed's.
 """
 
-import glob
 import json
-import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -49,24 +47,6 @@ import numpy as np
 import torch
 
 from errors import UserError
-
-
-def checkpoint_dirs(out_dir):
-    """'a,b,c' or a glob ('runs/sa/seed*') -> the checkpoint folders, in order; None for one folder."""
-    if ',' not in out_dir and not glob.has_magic(out_dir):
-        return None
-    parts = [p for p in out_dir.split(',') if p]
-    dirs = []
-    for p in parts:
-        found = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
-        dirs += [d for d in found if os.path.isdir(d)]
-    missing = [d for d in dirs if not (Path(d) / 'ckpt.pt').exists()]
-    if missing:
-        raise UserError(f"no ckpt.pt in {', '.join(missing)}; give folders that train.py wrote")
-    if len(dirs) < 2:
-        raise UserError(f"--out_dir={out_dir} names {len(dirs)} checkpoint folder(s); give two or more "
-                        f"(a comma list or a glob) to compare seeds, or one folder for one model")
-    return dirs
 
 
 def ranks(x, rel=1e-3):
@@ -348,65 +328,6 @@ def summary(reports):
                      f"{mean('offset_rho'):.2f}", str(sum(x['seeds'] == n for x in rec)), str(len(rec)),
                      f"{sum(bool(g['recurring'] or g.get('recurring_three_way')) for g in groups)} of {len(groups)}"])
     return '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
-
-
-def main(o, dirs, argv=()):
-    """interactions.py over several checkpoints of one variant: read each, match, report."""
-    import interactions as ia
-    loaded = [ia.load_source(d, 'resume', o['meta']) for d in dirs]
-    cfg0 = loaded[0][1]
-    same = [k for k in cfg0.__dataclass_fields__ if k not in ('dropout',)]
-    for d, (_, cfg, *_rest) in zip(dirs[1:], loaded[1:]):
-        diff = [k for k in same if getattr(cfg, k) != getattr(cfg0, k)]
-        if diff:
-            what = ', '.join(f"{k}: {getattr(cfg, k)!r} vs {getattr(cfg0, k)!r}" for k in diff[:3])
-            raise UserError(f"{d} is another model than {dirs[0]} ({what}); give seeds of one variant")
-    # seeds compare one training recipe: a checkpoint of a run still training is another model
-    iters = [torch.load(Path(d) / 'ckpt.pt', map_location='cpu', weights_only=True, mmap=True).get('iter_num')
-             for d in dirs]
-    if len(set(iters)) > 1:
-        what = ', '.join(f"{Path(d).name} {i}" for d, i in zip(dirs, iters))
-        raise UserError(f"the checkpoints are at different iterations ({what}); a run still training? "
-                        f"give checkpoints of the same length")
-    kinds = cfg0.layer_attentions()
-    if not 0 <= o['layer'] < len(kinds):
-        raise UserError(f"layer={o['layer']} but the model has {len(kinds)} layers (0..{len(kinds) - 1})")
-    kind = kinds[o['layer']]
-    n = o['top_n'] or (ia.AUTO_N_TRIPLES if kind == 'ha' else ia.AUTO_N_PAIRS)
-    _, _, meta, dataset, _ = loaded[0]
-    tokens, _ = ia.select_tokens(o['data_dir'], dataset, cfg0.vocab_size, n, o['min_freq'], o['freq_tokens'])
-    all_labels = ia.token_labels(meta, cfg0.vocab_size)
-    labels = [all_labels[i] for i in tokens]
-    prefix = f'transformer.h.{o["layer"]}.attn.'
-    seeds_heads, measures = [], []
-    for i, (d, (sd, cfg, *_rest)) in enumerate(zip(dirs, loaded)):
-        print(f"reading {d} ({i + 1} of {len(dirs)}): layer {o['layer']} ({kind}), {len(tokens)} tokens", flush=True)
-        inputs = ia.token_inputs(sd, cfg, o['layer'], torch.tensor(tokens), o['positions'], o['ln'])
-        layer_sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-        heads = ia.read_attention(layer_sd, cfg, kind, inputs)
-        seeds_heads.append(heads)
-        shares = None  # as for one model: measured only where positions are averaged; two draws
-        if o['positions'] == 'mean':
-            shares = [float(x) for x in np.mean([ia.token_share(sd, cfg, o['layer'], tokens, heads, o['ln'], seed=j)
-                                                 for j in range(2)], 0)]
-        measures.append(dict(token_share=shares,
-                             offset_profile=ia.offset_profile(sd, cfg, o['layer'], tokens, o['ln'])))
-    report = seed_stability(seeds_heads, labels, k=o['top_k'], measures=measures)
-    report.update(command='python interactions.py ' + ' '.join(shlex.quote(a) for a in argv), iterations=iters[0],
-                  sources=[str(Path(d) / 'ckpt.pt') for d in dirs], layer=o['layer'], attention=kind,
-                  tokens=[all_labels[t] for t in tokens])
-    for line in stability_lines(report, [Path(d).name for d in dirs]):
-        print(line)
-    out = Path(o['report_dir']) if o['report_dir'] else Path(dirs[0]).parent / f"interactions-seeds-layer{o['layer']}"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / 'seeds.json'
-    tmp = path.with_suffix('.json.tmp')
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, path)
-    if o['figures']:
-        class_block_figure(report, out / f"seeds_layer{o['layer']}_class_blocks.png")
-    print(f"wrote {path}" + (f" and {out}/seeds_layer{o['layer']}_class_blocks.png" if o['figures'] else ''))
-    return report
 
 
 if __name__ == '__main__':  # python interactions_seeds.py results/readout_seeds/*/seeds.json: the docs' tables

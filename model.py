@@ -227,8 +227,10 @@ class HFAHeads(Heads):
     row-wise Kronecker-lifted queries/keys of width dh^A, exact and fused, while dh^A is small
     (hfa_kron='auto'); else the scores materialised."""
 
-    def mix(self, q, k, v, offset):  # hfa_v1: v.prod(0) is the one value stream; hfa_v2: the Hadamard product
-        return hfa.attention(q, k, v.prod(0), offset, self.cfg.causal, self.window, self.cfg.softmax,
+    def mix(self, q, k, v, offset):
+        # hfa_v1: its one value stream, squeezed (prod's backward checks for zeros); hfa_v2: the Hadamard product
+        v = v.squeeze(0) if len(v) == 1 else v.prod(0)
+        return hfa.attention(q, k, v, offset, self.cfg.causal, self.window, self.cfg.softmax,
                              self.cfg.hfa_kron, self.drop, self.cfg.kernel, self.cfg.kernel_check)
 
     def mix_flops(self, T):

@@ -260,3 +260,13 @@ def notes(config, device):
                      f"reaches min_lr={c['min_lr']:g} at iteration {c['lr_decay_iters']}, not at the end of the run "
                      f"(nanoGPT sets them equal)")
     return found
+
+
+def attention_text(cfg):
+    """The attention of a model (its GPTConfig) as train.py's banner shows it: per layer in
+    order, and mixed heads as what they are."""
+    kinds = cfg.layer_attentions()
+    text = cfg.attention if len(set(kinds)) == 1 else f"per layer {','.join(kinds)}"
+    if any(k.startswith('hfa') for k in kinds) and 0 <= cfg.n_hfa_head < cfg.n_head:
+        text += f" ({cfg.n_hfa_head} HFA + {cfg.n_head - cfg.n_hfa_head} SA heads)"
+    return text

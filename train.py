@@ -54,30 +54,14 @@ from model import GPT, GPTConfig  # noqa: E402
 # config files and --key=value overrides; every key becomes a global, as in nanoGPT
 defaults = settings.defaults(settings.TRAIN)
 HELP = configurator.help_text(settings.TRAIN, 'train.py', __doc__)
-config, applied = configurator.parse(defaults, sys.argv[1:], HELP)
+config, applied, ckpt, saved_config = checkpoint.train_config(defaults, sys.argv[1:], HELP)  # resume: its config
 ckpt_path = Path(config['out_dir']) / 'ckpt.pt'
-ckpt, saved_config = None, {}
-if config['init_from'] == 'resume':  # the checkpoint's config is the default for every key it holds
-    ckpt = checkpoint.load_checkpoint(ckpt_path, "nothing to resume; train with init_from='scratch' first")
-    saved_config = {k: v for k, v in ckpt.get('config', {}).items() if k in defaults and k not in ('init_from', 'out_dir')}
-    config, applied = configurator.parse({**defaults, **saved_config}, sys.argv[1:], HELP)
 settings.check(settings.TRAIN, config)
 globals().update(config)
 set_by = {key: (arg if origin is None else origin) for key, _, arg, origin in applied}  # key -> what set it
 master_env = int(os.environ.get('RANK', 0)) == 0  # before DDP starts: only the first process speaks
-
-
-def refuse_architecture_changes(source, source_args):
-    """A config file or override that contradicts the model being loaded: one line, not ignored."""
-    for k, v in source_args.items():
-        if k in set_by and k in defaults and k in GPTConfig.__dataclass_fields__ and config[k] != v \
-                and k not in ('dropout', 'hfa_kron', 'block_size', 'kernel_check'):  # these may change; block_size may shrink
-            raise UserError(f"{k}={config[k]!r} (set by {set_by[k]}) contradicts {source}, which has {k}={v!r}; "
-                            f"its architecture is fixed: drop that setting, or train a new model in another out_dir")
-
-
 if ckpt is not None:
-    refuse_architecture_changes(f"the checkpoint {ckpt_path}", ckpt['model_args'])
+    checkpoint.refuse_architecture_changes(config, set_by, f"the checkpoint {ckpt_path}", ckpt['model_args'])
 if master_env:
     if ckpt is not None:
         print(f"Resuming: the config saved in {ckpt_path} is the default")
@@ -166,40 +150,15 @@ def next_batches():
 
 
 eval_sets = {'train': (train_data, fixed_offsets(train_data)), 'val': (val_data, fixed_offsets(val_data))}
-
-
-def to_device(x, y):
-    if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+to_device = lambda x, y: devices.to_device(device, x, y)  # to CUDA through pinned memory, without waiting
 
 
 # -----------------------------------------------------------------------------
 # the model: from scratch, the checkpoint to resume, GPT-2's weights or a checkpoint's weights
 
 meta_for_ckpt = data.tokenizer_record(meta)
-model_args = {k: config[k] for k in config if k in GPTConfig.__dataclass_fields__}
-model_args['vocab_size'] = data.model_vocab_size(meta)
-iter_num, best_val_loss, weights = 0, 1e9, None
-if start_kind == 'file':  # another run's weights (ours or nanoGPT's): a new run starts from them
-    ckpt_from = Path(init_from)
-    weights = checkpoint.load_checkpoint(ckpt_from)
-    refuse_architecture_changes(f"the checkpoint {ckpt_from}", weights['model_args'])
-else:
-    ckpt_from = ckpt_path
-    weights = ckpt
-if weights is not None:
-    data.check_tokens_fit(weights, ckpt_from, meta, data_path)
-    model_args = {**weights['model_args'], 'dropout': dropout, 'hfa_kron': hfa_kron, 'kernel': kernel,
-                  'kernel_check': kernel_check}
-    model_args = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
-if ckpt is not None:
-    iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
-elif start_kind == 'gpt2':  # GPT-2 weights (nanoGPT's finetune and eval configs)
-    data.check_gpt2_tokens(init_from, meta, data_path)
-    weights = checkpoint.load_gpt2(init_from, dropout)
-    refuse_architecture_changes(f"the GPT-2 weights {init_from!r}", asdict(weights.config))
-    model_args = asdict(weights.config)
+weights, model_args = checkpoint.starting_weights(start_kind, config, set_by, ckpt, ckpt_path, meta, data_path)
+iter_num, best_val_loss = (ckpt['iter_num'], ckpt['best_val_loss']) if ckpt is not None else (0, 1e9)
 try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
@@ -268,32 +227,19 @@ if compile:
 if ddp and not fsdp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
-
-def attention_text(cfg):
-    """The attention of the banner: per layer in order, and mixed heads as what they are."""
-    kinds = cfg.layer_attentions()
-    text = cfg.attention if len(set(kinds)) == 1 else f"per layer {','.join(kinds)}"
-    if any(k.startswith('hfa') for k in kinds) and 0 <= cfg.n_hfa_head < cfg.n_head:
-        text += f" ({cfg.n_hfa_head} HFA + {cfg.n_head - cfg.n_hfa_head} SA heads)"
-    return text
-
-
-peak = peak_source = None
+# the MFU denominator (hardware.py), measured by the first process: the run's peak is world_size times it
+mfu = hardware.MFU(flops_per_token, world_size, device, peak_flops, measure=master)
 if master:
     print(f"model: {n_params / 1e6:.3f}M parameters, {flops_per_token / 1e6:.2f} MFLOPs/token, "
-          f"attention {attention_text(gptconf)}")
-    # the MFU denominator (hardware.py), per process: the run's peak is world_size times it
-    peak, peak_source = hardware.peak_flops(device, peak_flops, cached=True)
-    print(f"MFU against {peak / 1e12:.3g} TFLOP/s per process ({peak_source})")
+          f"attention {settings.attention_text(gptconf)}")
+    print(f"MFU against {mfu.peak / 1e12:.3g} TFLOP/s per process ({mfu.source})")
     busy = device_type == 'cpu' and not ddp and hardware.busy_cores_notice(torch.get_num_threads())
-    if busy:
-        print(busy)
-    step_s = flops_per_token * tokens_per_iter / (peak * world_size)  # at 100% MFU: a lower bound
-    if device_type != 'cuda' and step_s > 10 and not eval_only:
-        print(f"note: {n_params / 1e6:.0f}M parameters x {tokens_per_iter:,} tokens per iteration is a GPU-sized run: "
-              f"at least {step_s:,.0f} s per iteration on this {device} ({peak / 1e12:.3g} TFLOP/s), and an evaluation "
-              f"reads {2 * eval_iters} batches; a CPU config trains in minutes: python train.py config/cpu_sa.py "
-              + (f"--data_dir={data_dir}" if data_dir else f"--dataset={dataset}"))
+    gpu_sized = not eval_only and hardware.gpu_sized_note(
+        n_params, tokens_per_iter, flops_per_token, mfu.peak, world_size, device, eval_iters,
+        f"--data_dir={data_dir}" if data_dir else f"--dataset={dataset}")
+    for note in (busy, gpu_sized):
+        if note:
+            print(note)
 
 
 # -----------------------------------------------------------------------------
@@ -306,18 +252,16 @@ else:  # imported above; the run id in the checkpoint continues the same wandb r
     wandb_run_id = wandb.init(project=wandb_project, name=wandb_run_name, config=config,
                               id=wandb_run_id, resume='allow').id
 
-elapsed_before = ckpt.get('elapsed_s', 0.0) if ckpt else 0.0
-train_time = ckpt.get('train_time_s', 0.0) if ckpt else 0.0  # seconds of timed steps, over all sessions
-untimed_iters = ckpt.get('untimed_iters', 0) if ckpt else 0  # each session's first step: not in train_time
-skipped_steps = ckpt.get('skipped_steps', 0) if ckpt else 0
+# train_time: seconds of timed steps, over all sessions (each session's first step is untimed);
+# evaluated_at_start: resumed at an evaluated iteration, whose evaluation is not repeated
+elapsed_before, train_time, untimed_iters, skipped_steps, evaluated_at_start = checkpoint.counters(ckpt)
 elapsed = lambda: elapsed_before + time.time() - T_START
 start_iter = iter_num
 saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint this run wrote or resumed
-evaluated_at_start = ckpt.get('evaluated', True) if ckpt else False  # resume: skip a repeat of that eval
 if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
     run_folder.start_logs(out, {'config': config, 'model_args': asdict(gptconf), 'params': n_params,
-                                'flops_per_token': flops_per_token, 'world_size': world_size, 'peak_flops': peak,
-                                'peak_flops_source': peak_source, 'kernels': kernel_paths},
+                                'flops_per_token': flops_per_token, 'world_size': world_size, 'peak_flops': mfu.peak,
+                                'peak_flops_source': mfu.source, 'kernels': kernel_paths},
                           resumed_at=iter_num if ckpt is not None else None, evaluated=evaluated_at_start)
     if ckpt is not None:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")
@@ -332,7 +276,6 @@ stop_agreed = False     # some process got SIGTERM/SIGINT (DDP: read from the pe
 log_steps, log_time = 0, 0.0  # timed steps and their seconds since the last log line
 eval_s = 0.0            # the last evaluation's seconds (for the ETA)
 last = {}               # the last evaluation's log record
-mfu_clamped = False     # the note on a clamped MFU is printed once
 acc_dtype = torch.float32 if device_type == 'mps' else torch.float64  # MPS has no float64
 data_state, batches = next_batches()  # the first iteration's batches
 X, Y = to_device(*data.windows(train_data, batches[0], block_size))
@@ -402,24 +345,6 @@ def get_lr(it):
         return min_lr
     ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
-
-
-def mfu(tokens_per_s):
-    """Model FLOPs utilisation, never above 100%. Past it, a measured peak was measured under a
-    heavier load than now: it is measured again (and cached); a given or tabled one is clamped."""
-    global peak, peak_source, mfu_clamped
-    value = flops_per_token * tokens_per_s / (peak * world_size) if peak and tokens_per_s else None
-    if value is not None and value > 1:
-        if device_type != 'cuda' and not peak_flops:  # hardware.cached_peak's measurement
-            peak, peak_source = hardware.remeasured_peak(device, flops_per_token * tokens_per_s / world_size)
-            print(f"note: MFU {value:.0%} against the cached peak; MFU now against {peak / 1e12:.3g} TFLOP/s "
-                  f"({peak_source})")
-        elif not mfu_clamped:
-            print(f"note: MFU {value:.0%} against {peak / 1e12:.3g} TFLOP/s ({peak_source}): that peak is too low; "
-                  f"MFU is shown as at most 100%")
-            mfu_clamped = True
-        value = min(1.0, flops_per_token * tokens_per_s / (peak * world_size))
-    return value
 
 
 def read_step(step):

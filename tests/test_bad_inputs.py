@@ -167,8 +167,8 @@ ROWS.update({
     'prepare_bad_choice': ('prepare_openwebtext.py', ['--tokenizer=bpe', '--root={w}/prepared'],
                            "argument --tokenizer: invalid choice: 'bpe' (choose from 'gpt2', 'char')"),
     'compare_preset_seeds_zero': ('compare.py', [*CMP, '--variants', 'sa', '--preset', 'sa', 'seeds=0'],
-                                  "--preset sa: seeds=0 gives no runs; give a count >= 1 (seeds=3: seeds 0-2) or a "
-                                  "list (seeds=0, for seed 0 alone)"),
+                                  "--preset sa: seeds=0 is a count of no seeds (a count N runs seeds 0..N-1); for seed 0 "
+                                  "alone give the count seeds=1 or the list seeds=0, or seeds=[0]"),
     'compare_unbuildable_preset': ('compare.py', [*CMP, '--variants', 'bad', '--preset', 'bad', 'n_head=3'],
                                    "variant bad cannot be built (n_embd=16 is not divisible by n_head=3"),
     # a checkpoint's vocabulary against the meta sample.py would decode it with

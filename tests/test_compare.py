@@ -5,6 +5,7 @@ statistics and size matching on their own."""
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -284,10 +285,19 @@ def test_welch_interval_of_a_difference():
     assert math.isnan(grid.welch_ci([1.0], b))
 
 
-def test_a_preset_with_seeds_0_is_refused(tiny):
-    args = grid.parse_args(argv(tiny, '--variants', 'sa', '--out', str(tiny / 'zero'), '--preset', 'sa', 'seeds=0'))
-    with pytest.raises(UserError, match=r'seeds=0 gives no runs.*seeds=0, for seed 0 alone'):
-        grid.plan(args)
+def test_a_preset_with_seeds_0_is_refused_and_the_forms_it_names_run_seed_0_alone(tiny):
+    def planned_seeds(form):
+        args = grid.parse_args(argv(tiny, '--variants', 'sa', '--out', str(tiny / 'zero'), '--preset', 'sa', form))
+        return grid.seeds_of(grid.plan(args)[0], args.seeds)
+
+    with pytest.raises(UserError, match='seeds=0 is a count of no seeds') as refused:
+        planned_seeds('seeds=0')
+    message = str(refused.value)
+    named = re.search(r'for seed 0 alone give the count (\S+) or the list (\S+) or (\S+) \(', message).groups()
+    assert named == ('seeds=1', 'seeds=0,', 'seeds=[0]')
+    for form in named:  # each form the message names runs seed 0 alone, as configurator.literal reads it
+        assert planned_seeds(form) == [0], form
+    assert planned_seeds('seeds=0,2') == [0, 2]
 
 
 def processes_mentioning(text):

@@ -1,7 +1,8 @@
 """
 train.py reads top to bottom, as nanoGPT's does: a function in it uses only module-level names
 assigned above its definition, so a reader meets every name a function needs before the
-function. Checked on the source, without running it: each function's (and lambda's) global
+function. And it stays short enough to read at one sitting (MAX_LINES): what a concern adds
+goes to the module that owns it (checkpoint, data, settings, hardware, run_folder). Checked on the source, without running it: each function's (and lambda's) global
 names, found by the symbol table, against the line where the module first binds each name.
 The configuration keys become globals through `globals().update(config)`, at that line.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 import settings
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 560
 COMPREHENSIONS = {'listcomp', 'dictcomp', 'setcomp', 'genexpr'}  # run where they stand, not later
 
 
@@ -83,6 +85,12 @@ def test_train_py_functions_use_only_names_bound_above_them():
     late = names_used_before_binding(source, settings.defaults(settings.TRAIN))
     assert not late, '; '.join(f"{fn} (line {at}) uses {name}, bound {f'at line {line}' if line else 'nowhere'}"
                                for fn, at, name, line in late)
+
+
+def test_train_py_is_at_most_max_lines_long():
+    lines = len((ROOT / 'train.py').read_text().splitlines())
+    assert lines <= MAX_LINES, (f"train.py is {lines} lines, over {MAX_LINES}: move what grew to the module that "
+                                f"owns it (checkpoint.py, data.py, settings.py, hardware.py, run_folder.py)")
 
 
 def test_the_check_finds_a_name_bound_below_and_one_bound_nowhere():

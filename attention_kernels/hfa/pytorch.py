@@ -16,13 +16,16 @@ from attention_kernels.masks import visible
 def explicit(q, k, v, offset, causal, window, softmax=True, dropout_p=0.0):
     """q (A, B, H, Tq, dh), k (A, B, H, Tk, dh), v (B, H, Tk, dh); each factor scaled by
     1/sqrt(dh), applied once as dh^(-A/2)."""
-    s = q @ k.transpose(-2, -1)  # (A, B, H, Tq, Tk); multiply the factors out one by one:
-    w = s[0] * q.size(-1) ** (-0.5 * len(q))  # Tensor.prod's backward is ~2x slower (zero checks)
-    for sa in s[1:]:
-        w = w * sa
+    # one (B, H, Tq, Tk) score matrix per factor, multiplied out one by one: Tensor.prod's
+    # backward is ~2x slower (zero checks), and indexing a stacked (A, ...) score tensor
+    # would give each factor's gradient as a zero-filled (A, ...) tensor; unbind's is a stack
+    w = None
+    for qa, ka in zip(q.unbind(0), k.unbind(0)):
+        sa = qa @ ka.transpose(-2, -1)
+        w = sa * q.size(-1) ** (-0.5 * len(q)) if w is None else w * sa
     m = visible(q.size(-2), k.size(-2), offset, causal, window, q.device)
-    if softmax:
-        w = torch.softmax(w.masked_fill(~m, float('-inf')), dim=-1)
+    if softmax:  # the mask added as 0 / -inf: the addition's backward costs nothing, masked_fill's does
+        w = torch.softmax(w + torch.where(m, 0.0, float('-inf')).to(w.dtype), dim=-1)
     else:
         w = w * m
     return (F.dropout(w, dropout_p) if dropout_p else w) @ v
