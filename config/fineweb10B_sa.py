@@ -6,28 +6,11 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/fineweb10B_sa.py
 # 12 x 1024 x 40 = 491,520 tokens per iteration; 20,000 iterations = 9.8B tokens, about one pass.
 # Budget: 9.83B tokens (20,000 iterations x 491,520), 0.80 GFLOPs/token, 7.87e+18 FLOPs, 7.4 GPU-hours on H100 at 30% MFU = 55 min on 8 x H100
+from config.sa import *  # GPT-2 small, nanoGPT's recipe; only the data and the length differ
+
 out_dir = 'out-fineweb10B-sa'
 wandb_run_name = 'fineweb10B-sa'
 data_dir = 'data/fineweb10B'  # the shards' folder (relative to where train.py runs); or an absolute path
-eval_interval = 1000
-eval_iters = 200
-log_interval = 10
-compile = True
-
-batch_size = 12
-block_size = 1024
-gradient_accumulation_steps = 5 * 8
-
-n_layer = 12
-n_head = 12
-n_embd = 768
-dropout = 0.0
-bias = False
-attention = 'sa'
-
-learning_rate = 6e-4
 max_iters = 20000
 lr_decay_iters = 20000
-min_lr = 6e-5
 warmup_iters = 700
-weight_decay = 1e-1
