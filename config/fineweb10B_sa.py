@@ -10,6 +10,7 @@ from config.sa import *  # GPT-2 small, nanoGPT's recipe; only the data and the 
 
 out_dir = 'out-fineweb10B-sa'
 wandb_run_name = 'fineweb10B-sa'
+dataset = 'fineweb10B'
 data_dir = 'data/fineweb10B'  # the shards' folder (relative to where train.py runs); or an absolute path
 max_iters = 20000
 lr_decay_iters = 20000
