@@ -184,7 +184,10 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_
     hub_source = source == 'openwebtext'
     stamp = None if hub_source or source in GUTENBERG else source_stamp(source)
     if shard_tokens is None:  # a corpus of more bytes than a shard holds tokens may need several
-        big = hub_source or sum(size for _, size in stamp or []) > shards.SHARD_TOKENS
+        local = hub_source and Path(hf_id).is_dir()  # a dataset folder on disk: its size decides
+        size = sum(f.stat().st_size for f in Path(hf_id).rglob('*') if f.is_file()) if local else \
+            sum(size for _, size in stamp or [])
+        big = (hub_source and not local) or size > shards.SHARD_TOKENS
         shard_tokens = shards.SHARD_TOKENS if big else 0
     plan = {'source': str(source), 'files': stamp, 'tokenizer': tokenizer, 'val_fraction': val_fraction,
             'sample_by': sample_by, 'shard_tokens': shard_tokens,

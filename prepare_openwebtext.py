@@ -35,7 +35,7 @@ def main():
     p.add_argument('--hf_revision', default=None, help='Hub branch, tag or commit, e.g. refs/convert/parquet')
     p.add_argument('--hf_config', default=None, help='Hub dataset configuration name, if it has several')
     p.add_argument('--shard_tokens', type=int, default=None,
-                   help='tokens per shard; 0: one train.bin and val.bin (default: 100M for the Hub or a source of '
+                   help='tokens per shard; 0: one train.bin and val.bin (default: 100M for the Hub or a local source of '
                         'more bytes than that, else 0)')
     p.add_argument('--num_proc', type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument('--sample_by', choices=['line', 'paragraph', 'document'], default=None,

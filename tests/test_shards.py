@@ -223,9 +223,11 @@ def prepared(tmp_path_factory):
     return {'src': src, 'tmp': tmp,
             'one': data.prepare(src, 'one', 'char', val_fraction=0.1, root=tmp),
             'sh': data.prepare(src, 'sh', 'char', val_fraction=0.1, root=tmp, shard_tokens=1000),
-            # the default for the Hub: 100M-token shards, here one of each
+            # the Hub's default, 100M-token shards (a local folder this small would get single files)
             'fw': data.prepare('openwebtext', 'fw', 'char', val_fraction=0.2, hf_id=str(tmp / 'fw'), root=tmp,
-                               shard_tokens=None)}
+                               shard_tokens=shards.SHARD_TOKENS),
+            'fw_small': data.prepare('openwebtext', 'fw_small', 'char', val_fraction=0.2, hf_id=str(tmp / 'fw'),
+                                     root=tmp, shard_tokens=None)}
 
 
 def test_written_shards_are_the_single_files_tokens(prepared):
@@ -274,6 +276,11 @@ def test_hub_path_on_a_local_parquet_writes_shards(prepared):
     train, val = (''.join(itos[i] for i in data.open_split(out, s, 8)[0:10 ** 6]) for s in ('train', 'val'))
     assert len(train) + len(val) == len(''.join(CORPUS))
     assert all((doc in train) != (doc in val) for doc in CORPUS)  # every document whole, in one split
+
+
+def test_a_small_local_dataset_folder_keeps_single_files_by_default(prepared):
+    """Shards by default only for the Hub or a corpus larger than one shard (as nanoGPT's users expect)."""
+    assert sorted(p.name for p in prepared['fw_small'].glob('*.bin')) == ['train.bin', 'val.bin']
 
 
 KILL_AFTER_SECOND_SHARD = """
