@@ -486,3 +486,16 @@ def test_readout_grid_trains_sa_linear_and_hfa_at_two_rates_then_five_seeds(tmp_
     _write_grids(tmp_path, {'readout': [_scale_row(p, {0: 1.5 if p in winners else 1.6}) for p in variants]})
     variants, _, _ = cpu_grids.grid('readout')
     assert sorted(p for p, o in variants.items() if o['seeds'] == '0,1,2,3,4') == winners
+
+
+def test_reproduction_table_pairs_each_reruns_ha_with_the_same_seeds_sa_under_the_same_setting():
+    rec = lambda preset, seed, threads, cap, was, now: {
+        'grid': 'wide', 'preset': preset, 'seed': seed, 'threads': threads, 'cpu_capability': cap,
+        'report_loss': {'committed': was, 'rerun': now, 'diff': now - was}}
+    table = grid_report.reproduction_table([
+        rec('sa_w16_d48_lr8e-3', 0, 1, 'avx2', 1.75, 1.76), rec('ha_share_w_d48_lr8e-3', 0, 1, 'avx2', 1.73, 1.70),
+        rec('ha_share_w_d48_lr8e-3', 1, 2, 'default', 1.71, 1.71)])  # no SA of seed 1 at 2 threads: no pair
+    assert '| wide | 0 | ATEN_CPU_CAPABILITY=avx2 | -0.0200 | -0.0600 | -0.0400 |' in table
+    assert '| 2 threads | 1 | 0.0000 | 0.0000 | - |' in table
+    assert '| ATEN_CPU_CAPABILITY=avx2 | 2 | 0.0300 | 0.0200 | 0.0400 (1 pairs) |' in table
+    assert '(bit-identical)' in table

@@ -1009,21 +1009,31 @@ def reproduction_table(records):
     """Each rerun's final report-half loss beside the committed one; then, per setting, the
     largest move of a loss and of the key pair's paired gap (HA - SA w16, the same seed and
     setting), beside the seed-to-seed spread of those variants and the smallest gap claimed."""
+    order = list(dict.fromkeys(rerun_setting(r) for r in records))
+    records = sorted(records, key=lambda r: (order.index(rerun_setting(r)), r['grid'] != 'wide', r['seed'], r['preset']))
     lines = ['| grid | run | seed | setting | committed | rerun | difference |', '|---|---|---|---|---|---|---|']
     for r in records:
         c = r['report_loss']
         lines.append(f"| {r['grid']} | `{r['preset']}` | {r['seed']} | {rerun_setting(r)} | {c['committed']:.6f} "
                      f"| {c['rerun']:.6f} | {c['diff']:+.6f}{' (bit-identical)' if c['diff'] == 0 else ''} |")
     a, b = KEY_PAIR
-    by = {(r['grid'], r['preset'].split('_d')[0].rsplit('_lr', 1)[0], r['seed'], rerun_setting(r)): r['report_loss']['diff']
-          for r in records}
-    lines += ['', '| setting | reruns | largest loss move | largest move of the paired gap HA - SA w16 |', '|---|---|---|---|']
+    variant = lambda r: r['preset'].split('_d')[0].rsplit('_lr', 1)[0]
+    by = {(r['grid'], variant(r), r['seed'], rerun_setting(r)): r['report_loss'] for r in records}
+    lines += ['', '| grid | seed | setting | paired gap HA - SA w16, committed | rerun | move |', '|---|---|---|---|---|---|']
+    moves = {}
+    for (g, v, seed, setting), ha in by.items():
+        sa = by.get((g, b, seed, setting))
+        if v != a or sa is None:
+            continue
+        was, now = ha['committed'] - sa['committed'], ha['rerun'] - sa['rerun']
+        moves.setdefault(setting, []).append(abs(now - was))
+        lines.append(f"| {g} | {seed} | {setting} | {was:+.4f} | {now:+.4f} | {now - was:+.4f} |")
+    lines += ['', '| setting | reruns | largest loss move | median loss move | largest move of a paired gap |',
+              '|---|---|---|---|---|']
     for setting in dict.fromkeys(rerun_setting(r) for r in records):
-        moves = [abs(r['report_loss']['diff']) for r in records if rerun_setting(r) == setting]
-        gaps = [abs(d - by[(g, b, s, st)]) for (g, v, s, st), d in by.items()
-                if st == setting and v == a and (g, b, s, st) in by]
-        lines.append(f"| {setting} | {len(moves)} | {max(moves):.4f} | {max(gaps):.4f} ({len(gaps)} pairs) |"
-                     if gaps else f"| {setting} | {len(moves)} | {max(moves):.4f} | - |")
+        loss = [abs(r['report_loss']['diff']) for r in records if rerun_setting(r) == setting]
+        gap = f"{max(moves[setting]):.4f} ({len(moves[setting])} pairs)" if setting in moves else '-'
+        lines.append(f"| {setting} | {len(loss)} | {max(loss):.4f} | {float(np.median(loss)):.4f} | {gap} |")
     spread = {}
     for r in records:
         row = (load(r['grid']) or {}).get(r['preset'])
