@@ -10,8 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+import tiny_grid
 
 import compare
 import grid
@@ -41,15 +42,7 @@ SLURM = ['--launcher=slurm', '--slurm_gpus_per_node=0', '--slurm_poll_s=0.5']  #
 
 @pytest.fixture(scope='module')
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp('slurm')
-    d = root / 'data'
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    rng.integers(0, 20, 4000, dtype=np.uint16).tofile(d / 'train.bin')
-    rng.integers(0, 20, 1000, dtype=np.uint16).tofile(d / 'val.bin')
-    (d / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 20, 'itos': [chr(97 + i) for i in range(20)]}))
-    (root / 'tiny.py').write_text(TINY)
-    return root
+    return tiny_grid.write(tmp_path_factory.mktemp('slurm'), TINY)
 
 
 def argv(tiny, out, *more):
