@@ -364,13 +364,20 @@ ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton
 
 def command(name, jobs, only=None, collect_only=False, slurm=''):
     variants, seeds, extra = grid(name, only)
-    cmd = [sys.executable, 'compare.py', '--config', CONFIG, '--out', f'grids/{name}', '--seeds', str(seeds),
-           '--jobs', str(jobs), '--threads', '1', '--variants', ','.join(variants)]
-    for v, over in variants.items():
-        cmd += ['--preset', v] + [f'{k}={val}' for k, val in over.items()]
+    cmd = compare_command(variants, seeds, f'grids/{name}', jobs)
     if slurm:  # one CPU job per run; --wait: the next grid may read this one's results
         cmd += ['--launcher=slurm', '--slurm_gpus_per_node=0'] + (['--wait'] * (not collect_only)) + shlex.split(slurm)
     return cmd + (['--collect_only'] if collect_only else []) + [f'--{k}={v}' for k, v in extra.items()]
+
+
+def compare_command(variants, seeds, out, jobs, threads=1):
+    """compare.py's command line for these presets ({name: overrides}) into the folder out,
+    before its --launcher and the grid's extra train.py arguments."""
+    cmd = [sys.executable, 'compare.py', '--config', CONFIG, '--out', str(out), '--seeds', str(seeds),
+           '--jobs', str(jobs), '--threads', str(threads), '--variants', ','.join(variants)]
+    for v, over in variants.items():
+        cmd += ['--preset', v] + [f'{k}={val}' for k, val in over.items()]
+    return cmd
 
 
 def link_runs(name, root):
@@ -430,11 +437,11 @@ def main():
                     sys.exit(f"grid {name} failed (exit {rc}); rerun the same command to resume")
 
 
-def run_step(cmd):
+def run_step(cmd, env=None):
     """Run one step of a grid (compare.py or bench.py) and return its exit code. A SIGTERM sent to
     this driver alone, as a scheduler sends it, goes on to the step (compare.py then has every
     train.py save its checkpoint) and the driver exits once the step has, starting nothing more."""
-    child, stopped = subprocess.Popen(cmd, cwd=ROOT), []
+    child, stopped = subprocess.Popen(cmd, cwd=ROOT, env=env), []
 
     def stop(signum, frame):  # forward only: the wait below is still under way (it holds Popen's lock)
         stopped.append(signal.Signals(signum).name)

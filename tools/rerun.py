@@ -13,6 +13,19 @@ and settings that made the committed numbers a rerun is bit-identical; another t
 CPU kernel path (ATEN_CPU_CAPABILITY) rounds differently from the first step, and training
 carries the difference to the end. --json FILE appends one line per rerun (RESULTS.md's
 reproduction table is made from such a file).
+
+A whole family of claims is retrained the same way, every run of it, into a grid of its own:
+
+    nice -n 19 python tools/rerun.py --family scale --cpu_capability avx2 --jobs 2 --runs_root ~/nanohfa-runs
+    python tools/rerun.py --family scale --cpu_capability avx2 --collect_only   # the results so far
+
+--family scale retrains the runs behind the scale study's 3,000-iteration claims (the key pair at
+widths 48, 96 and 192 at the chosen rates, and width 192 at the edge check's better rates): in
+each grid of the family, the presets with two or more committed seeds (the claims' runs; the
+seed-0 rate checks are choices, not rerun: rates stay as chosen on the first path), with the
+grid's own compare.py command into grids/rerun_<path>/<grid>/ (e.g. grids/rerun_avx2_threads1/wide),
+which tools/grid_report.py reads as it reads grids/. Interrupted, the same command resumes.
+grids/rerun_<path>/path.json records the path (CPU, kernel path, threads, torch) and the CPU time.
 """
 
 import argparse
@@ -28,6 +41,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / 'tools'))
 
 import cpu_grids  # noqa: E402
+
+# family: the grids whose multi-seed runs make its claims, in the order they are retrained
+FAMILIES = {'scale': ('wide', 'long3k', 'long3k_more', 'wide_edge')}
 
 
 def committed_run(grid_name, preset, seed):
@@ -57,20 +73,105 @@ def setting_name(threads, capability):
     return f"threads{threads}" + (f"_{capability}" if capability else '')
 
 
+def path_name(threads, capability):
+    """The folder name of a kernel path: 'avx2_threads1', 'default_threads2'."""
+    return f"{capability or 'default'}_threads{threads}"
+
+
+def claim_presets(grid_name):
+    """{preset: [seeds]} of the committed runs behind a grid's claims: every preset with two or
+    more seeds (a single seed-0 run is a rate check, a choice made once on the first path)."""
+    path = cpu_grids.GRIDS / grid_name / 'results.json'
+    if not path.exists():
+        sys.exit(f"{path} not found: {grid_name!r} has no committed results to rerun")
+    return {r['variant']: sorted(x['seed'] for x in r['runs']) for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
+
+
+def family_command(grid_name, out, jobs, threads, collect_only=False):
+    """compare.py's command for the claim runs of one grid, as tools/cpu_grids.py trains them."""
+    variants, _, extra = cpu_grids.grid(grid_name)
+    claims = claim_presets(grid_name)
+    missing = set(claims) - set(variants)
+    if missing:
+        sys.exit(f"{grid_name}: committed presets {sorted(missing)} are not in tools/cpu_grids.py's grid any more")
+    keep = {p: {**o, 'seeds': ','.join(map(str, claims[p]))} for p, o in variants.items() if p in claims}
+    return (cpu_grids.compare_command(keep, 1, out, jobs, threads) + (['--collect_only'] if collect_only else [])
+            + [f'--{k}={v}' for k, v in extra.items()])
+
+
+def cpu_model():
+    try:
+        return next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name'))
+    except (OSError, StopIteration):
+        import platform
+        return platform.processor() or 'unknown'
+
+
+def write_path_record(root, family, threads, capability):
+    """root/path.json: the machine and path the family was retrained on, and its CPU time so far."""
+    import torch
+    grids = {}
+    for g in FAMILIES[family]:
+        path = root / g / 'results.json'
+        rows = json.loads(path.read_text()) if path.exists() else []
+        grids[g] = {'runs': sum(len(r['runs']) for r in rows),
+                    'train_cpu_hours': round(threads * sum(x['wall_s'] or 0 for r in rows for x in r['runs']) / 3600, 3)}
+    record = {'family': family, 'cpu_capability': capability or 'default', 'threads': threads, 'cpu': cpu_model(),
+              'torch': torch.__version__, 'grids': grids,
+              'cpu_hours': round(sum(g['train_cpu_hours'] for g in grids.values()), 2)}
+    (root / 'path.json').write_text(json.dumps(record, indent=1) + '\n')
+    return record
+
+
+def rerun_family(a):
+    """Every claim run of a family on one path, grid by grid, resumable."""
+    name = path_name(a.threads, a.cpu_capability)
+    root = cpu_grids.GRIDS / f'rerun_{name}'
+    env = dict(os.environ)
+    env.pop('ATEN_CPU_CAPABILITY', None)
+    if a.cpu_capability:
+        env['ATEN_CPU_CAPABILITY'] = a.cpu_capability
+    for g in FAMILIES[a.family]:
+        if a.runs_root and not a.collect_only:
+            cpu_grids.link_runs(f'rerun_{name}/{g}', Path(a.runs_root))
+        cmd = family_command(g, root.relative_to(ROOT) / g, a.jobs, a.threads, a.collect_only)
+        print('+', ' '.join(cmd), flush=True)
+        rc = cpu_grids.run_step(cmd, env=env)
+        if rc:
+            sys.exit(f"{a.family} on {name}: grid {g} failed (exit {rc}); rerun the same command to resume")
+    record = write_path_record(root, a.family, a.threads, a.cpu_capability)
+    print(f"{a.family} on {name}: {sum(g['runs'] for g in record['grids'].values())} runs, "
+          f"{record['cpu_hours']} CPU-hours of training; {root / 'path.json'}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('grid', help='a grid of tools/cpu_grids.py with committed results (wide, long3k, ...)')
-    p.add_argument('preset', help="the run's variant, as in the grid's results.json (e.g. sa_w16_d48_lr8e-3)")
-    p.add_argument('seed', type=int)
+    p.add_argument('grid', nargs='?', help='a grid of tools/cpu_grids.py with committed results (wide, long3k, ...)')
+    p.add_argument('preset', nargs='?', help="the run's variant, as in the grid's results.json (e.g. sa_w16_d48_lr8e-3)")
+    p.add_argument('seed', nargs='?', type=int)
+    p.add_argument('--family', choices=sorted(FAMILIES), help='retrain every claim run of this family instead of one run')
+    p.add_argument('--jobs', type=int, default=2, help='--family: runs trained at the same time')
+    p.add_argument('--collect_only', action='store_true', help='--family: train nothing; summarise the finished runs')
     p.add_argument('--threads', type=int, default=1, help='OMP threads of the rerun (the grids used 1)')
     p.add_argument('--cpu_capability', default='', help='ATEN_CPU_CAPABILITY for the rerun (default, avx2, '
                    'avx512): the CPU kernel path; empty = what torch picks for this CPU')
-    p.add_argument('--runs_root', default=str(ROOT / 'reruns'), help='where the rerun folders live')
+    p.add_argument('--runs_root', default='', help='where the run folders live (one run: default reruns/; --family: '
+                   'default grids/rerun_<path>/<grid>/runs, or linked from there into this folder)')
     p.add_argument('--json', default='', help='append the comparison as one JSON line to this file')
     a = p.parse_args()
+    if a.family:
+        if a.grid is not None:
+            p.error('give either --family or a grid, preset and seed, not both')
+        return rerun_family(a)
+    if a.grid is None or a.preset is None or a.seed is None:
+        p.error('give a grid, a preset and a seed (one run), or --family (every run of a family)')
+    rerun_one(a)
+
+
+def rerun_one(a):
     committed = committed_run(a.grid, a.preset, a.seed)
     # a folder of its own per run: compare.py's summary of a folder never drops another run's row
-    out = Path(a.runs_root) / setting_name(a.threads, a.cpu_capability) / a.grid / f'{a.preset}_seed{a.seed}'
+    out = Path(a.runs_root or ROOT / 'reruns') / setting_name(a.threads, a.cpu_capability) / a.grid / f'{a.preset}_seed{a.seed}'
     env = dict(os.environ)
     env.pop('ATEN_CPU_CAPABILITY', None)
     if a.cpu_capability:
