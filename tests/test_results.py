@@ -499,3 +499,125 @@ def test_reproduction_table_pairs_each_reruns_ha_with_the_same_seeds_sa_under_th
     assert '| 2 threads | 1 | 0.0000 | 0.0000 | - |' in table
     assert '| ATEN_CPU_CAPABILITY=avx2 | 2 | 0.0300 | 0.0200 | 0.0400 (1 pairs) |' in table
     assert '(bit-identical)' in table
+
+
+# the scale study on a second kernel path (tools/rerun.py --family scale)
+
+def test_pooled_paths_is_the_two_paths_means_with_the_path_as_a_block():
+    """The pooled estimate equals a least-squares fit of one mean per path, read at the average
+    of the two: its error comes from the spread within each path (n - 2 degrees of freedom), so a
+    shift between the paths moves the estimate but never widens its interval."""
+    d1, d2 = np.array([-0.02, -0.01, -0.03, -0.02, -0.015]), np.array([-0.01, 0.0, -0.02, -0.012, -0.008])
+    mean, half, p = grid_report.pooled_paths(d1, d2)
+    X = np.kron(np.eye(2), np.ones((5, 1)))  # one column per path
+    y = np.concatenate([d1, d2])
+    beta, res, *_ = np.linalg.lstsq(X, y, rcond=None)
+    s2 = res[0] / 8
+    se = math.sqrt(s2 * np.array([0.5, 0.5]) @ np.linalg.inv(X.T @ X) @ np.array([0.5, 0.5]))
+    assert mean == pytest.approx(beta.mean()) and half == pytest.approx(stats.t.ppf(0.975, 8) * se)
+    assert p == pytest.approx(2 * stats.t.sf(abs(beta.mean()) / se, 8))
+    shifted = grid_report.pooled_paths(d1, d2 + 0.05)
+    assert shifted[1] == pytest.approx(half) and shifted[0] == pytest.approx(mean + 0.025)
+
+
+def test_a_rerun_claim_is_adjusted_within_its_first_path_family():
+    """Holm over the claim's own family, the claims that were not rerun keeping their p."""
+    first = {('scale', 'a'): 0.001, ('scale', 'b'): 0.04, ('scale', 'c'): 0.5, ('long', 1): 0.01, ('long', 2): 0.2}
+    adj = grid_report.holm_in_family(first, {('scale', 'b'): 0.02, ('long', 1): 0.3})
+    assert adj[('scale', 'b')] == pytest.approx(grid_report.holm([0.001, 0.02, 0.5])[1])
+    assert adj[('long', 1)] == pytest.approx(grid_report.holm([0.3, 0.2])[0])
+    assert set(adj) == {('scale', 'b'), ('long', 1)}
+
+
+def _path_grids(root, widths, shift=0.0, stall=None):
+    """A rerun folder holding the same presets as `widths` (long3k's at 96, wide's otherwise)."""
+    grids = {'long3k': [], 'wide': []}
+    for w, pair in widths.items():
+        for v, row in pair.items():
+            finals = {s: x + (shift if v == 'ha_share_w' else 0.0) for s, x in grid_report.report_finals(row).items()}
+            if stall and (w, v) == stall[:2]:
+                finals[stall[2]] += 0.2
+            grids['long3k' if w == 96 else 'wide'].append(_scale_row(row['variant'], finals))
+    _write_grids(root, grids)
+    (root / 'path.json').write_text(json.dumps({'family': 'scale', 'cpu_capability': 'avx2', 'threads': 1}))
+
+
+def _widths(gaps):
+    """{width: pair} whose paired gaps are gaps[width][seed], at the presets the first path chose."""
+    out = {}
+    for w, g in gaps.items():
+        tag = '' if w == 96 else f'_d{w}'
+        out[w] = {'ha_share_w': _scale_row(f'ha_share_w{tag}_lr8e-3', {s: 1.6 + 0.001 * s + d for s, d in g.items()}),
+                  'sa_w16': _scale_row(f'sa_w16{tag}_lr4e-3', {s: 1.6 + 0.001 * s for s in g})}
+    return out
+
+
+def test_the_second_path_reads_the_first_paths_presets_and_says_whether_each_verdict_holds(tmp_path, monkeypatch):
+    """The rerun's rows are found by the preset the first path chose; a clear lead at width 48 that
+    vanishes on the second path does not hold there, a lead that stays does."""
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    widths = _widths({48: {s: -0.03 - 0.002 * s for s in range(5)}, 96: {s: -0.02 - 0.001 * s for s in range(5)},
+                      192: {s: -0.01 + 0.004 * (s % 2) for s in range(5)}})
+    _path_grids(tmp_path / 'rerun_avx2_threads1', {w: p for w, p in widths.items() if w != 48})
+    rows48 = _widths({48: {s: 0.001 * (-1) ** s for s in range(5)}})[48]  # the lead gone on the second path
+    _write_grids(tmp_path / 'rerun_avx2_threads1', {'wide': json.loads(
+        (tmp_path / 'rerun_avx2_threads1' / 'wide' / 'results.json').read_text()) + list(rows48.values())})
+    monkeypatch.setattr(grid_report, 'scale_family', lambda lengths, widths: [
+        ('gap at width 48 (3,000 its)', [], 0, 0, 0.001, 0.003), ('gap at width 192 (3,000 its)', [], 0, 0, 0.2, 0.4),
+        ('slope of the gap per doubling of width', [], 0, 0, 0.01, 0.02)])
+    monkeypatch.setattr(grid_report, 'long_family', lambda longs: [(3000, 'ha_share_w', 'sa_w16', (0, 0, 0, 0, 0.001), 0.001)])
+    study = grid_report.path_study({}, {}, widths, 'rerun_avx2_threads1')
+    assert study['width 48']['first']['verdict'] == 'HA lower' and study['width 48']['second']['verdict'] == 'no difference shown'
+    assert not study['width 48']['holds'] and study['width 96']['holds']
+    assert study['width 96']['second']['mean'] == pytest.approx(study['width 96']['first']['mean'])
+    assert len(study['width 96']['pooled']['d']) == 10
+    assert grid_report.holds_cell(study['width 48']).startswith('no: no difference shown there')
+    table = grid_report.answer_table({3000: widths[96]}, {3000: widths[96]}, widths,
+                                     {'AVX2 path, 1 thread': study})
+    assert 'holds on the AVX2 path, 1 thread? |' in table.splitlines()[0]
+    assert '| no: no difference shown there' in [l for l in table.splitlines() if 'width 48 (equal tokens)' in l][0]
+
+
+def test_a_verdict_whose_significance_hangs_on_a_stalled_seed_says_so(tmp_path, monkeypatch):
+    """On the second path SA w16's seed 1 stalls at width 96: with it the interval of HA's small
+    steady lead crosses zero, without it not, and the claims table says which seed and both readings."""
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    widths = _widths({96: {s: [-0.010, -0.012, -0.011, -0.009, -0.010][s] for s in range(5)}})
+    _path_grids(tmp_path / 'rerun_avx2_threads1', widths, stall=(96, 'sa_w16', 1))
+    monkeypatch.setattr(grid_report, 'long_family', lambda longs: [(3000, 'ha_share_w', 'sa_w16', (0, 0, 0, 0, 0.5), 0.5)])
+    monkeypatch.setattr(grid_report, 'scale_family', lambda lengths, widths: [])
+    study = grid_report.path_study({}, {}, widths, 'rerun_avx2_threads1')
+    second = study['width 96']['second']
+    assert second['stalls'] == {'ha_share_w': [], 'sa_w16': [1]} and second['dropped'] == [1]
+    table = grid_report.path_claims_table(study, {'cpu_capability': 'avx2', 'threads': 1})
+    line = [l for l in table.splitlines() if 'AVX2 path' in l][0]
+    assert 'without stalled seed 1: -0.0100 [' in line and 'the interval clears zero' in line and '| 0, 1 |' in line
+    first = [l for l in table.splitlines() if 'committed' in l][0]
+    assert 'without stalled' not in first  # no stall on the first path: nothing to say
+
+
+def test_rerun_family_trains_the_claim_runs_with_the_grids_own_command():
+    """tools/rerun.py --family scale: per grid, the presets with several committed seeds at those
+    seeds, with the grid's own overrides and train.py arguments, into grids/rerun_<path>/<grid>."""
+    import importlib.util
+    import sys
+    sys.path.insert(0, str(ROOT / 'tools'))
+    spec = importlib.util.spec_from_file_location('rerun', ROOT / 'tools' / 'rerun.py')
+    rerun = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rerun)
+    from tools import cpu_grids
+    cmd = rerun.family_command('wide', 'grids/rerun_avx2_threads1/wide', 2, 1)
+    grid_cmd = cpu_grids.command('wide', 2)
+    presets = cmd[cmd.index('--variants') + 1].split(',')
+    committed = {r['variant']: r for r in json.loads((ROOT / 'grids' / 'wide' / 'results.json').read_text())}
+    assert sorted(presets) == sorted(v for v, r in committed.items() if r['n_seeds'] >= 2)
+    assert cmd[cmd.index('--out') + 1] == 'grids/rerun_avx2_threads1/wide'
+    for p in presets:  # the same overrides as the grid's own command, at the committed seeds
+        ours = cmd[cmd.index(p, cmd.index('--preset')) + 1:]
+        ours = ours[:next((i for i, a in enumerate(ours) if a.startswith('--')), len(ours))]
+        theirs = grid_cmd[grid_cmd.index(p, grid_cmd.index('--preset')) + 1:]
+        theirs = theirs[:next((i for i, a in enumerate(theirs) if a.startswith('--')), len(theirs))]
+        assert [a for a in ours if not a.startswith('seeds=')] == [a for a in theirs if not a.startswith('seeds=')]
+        assert f"seeds={','.join(map(str, sorted(x['seed'] for x in committed[p]['runs'])))}" in ours
+    assert [a for a in cmd if a.startswith('--max_iters')] == [a for a in grid_cmd if a.startswith('--max_iters')] == ['--max_iters=3000']
+    assert rerun.path_name(1, 'avx2') == 'avx2_threads1' and rerun.FAMILIES['scale'][0] == 'wide'

@@ -43,10 +43,11 @@ def is_control(v):
     return '_lr' in v
 
 
-def load(grid):
-    """{variant: row} of a grid's results.json; main also holds main_ha's rows (the HA variants,
-    trained by the same command with the same seeds, compared with main's SA)."""
-    path = GRIDS / grid / 'results.json'
+def load(grid, root=None):
+    """{variant: row} of a grid's results.json (in grids/, or in root: a rerun's folder of grids);
+    main also holds main_ha's rows (the HA variants, trained by the same command with the same
+    seeds, compared with main's SA)."""
+    path = (root or GRIDS) / grid / 'results.json'
     if not path.exists():
         return None
     rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds']}
@@ -462,16 +463,16 @@ def stalled_seeds(finals_by_seed):
     return sorted(out)
 
 
-def long_grids():
+def long_grids(root=None):
     """{length: {variant: row}} of the long study's grids (each run at its variant's chosen
-    rate), with the seeds of their *_more grids pooled in."""
+    rate), with the seeds of their *_more grids pooled in; from grids/, or from root."""
     out = {}
     for grid, iters in (('long1k', 1000), ('long3k', 3000), ('long', LONG_ITERS)):
-        path = GRIDS / grid / 'results.json'
+        path = (root or GRIDS) / grid / 'results.json'
         if not path.exists():
             continue
         rows = {r['variant']: r for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
-        more = GRIDS / f'{grid}_more' / 'results.json'  # seeds 3 and 4 of the same runs, trained later
+        more = (root or GRIDS) / f'{grid}_more' / 'results.json'  # seeds 3 and 4 of the same runs, trained later
         for r in (json.loads(more.read_text()) if more.exists() else []):
             if r['n_seeds'] and r['variant'] in rows:
                 rows[r['variant']] = pooled(rows[r['variant']], r)
@@ -949,47 +950,282 @@ def verdict_cell(a, b):
     return 'yes' if v == 'settled' else 'no: ' + v.removeprefix('not settled: ')
 
 
-def answer_table(longs, lengths, widths):
+def answer_table(longs, lengths, widths, studies=None):
     """RESULTS.md's first table: every finding about the key pair (shared HA against SA with the
     same 16-position window, report half, paired by seed), one row each, with the Holm-adjusted
     p of the family it was tested in (the long study's or the scale study's); the equal-FLOPs
-    rows are descriptive (no family)."""
+    rows are descriptive (no family). studies ({label: path_study}): one more column per second
+    kernel path, saying whether the row's verdict holds there (rows not rerun say so)."""
     a, b = KEY_PAIR
+    studies = studies or {}
     long_holm = {n: adj for n, x, y, _, adj in long_family(longs) if (x, y) == KEY_PAIR}
     scale = {claim: adj for claim, *_, adj in scale_family(lengths, widths)}
     lines = ['| finding | condition (width 96, 3,000 its unless named) | seeds | Δ HA - SA w16, nats/char [95% CI] '
-             '| HA lower in | p, Holm (family) | settled |', '|---|---|---|---|---|---|---|']
+             '| HA lower in | p, Holm (family) | settled |' + ''.join(f' holds on the {label}? |' for label in studies),
+             '|---|---|---|---|---|---|---|' + '---|' * len(studies)]
 
-    def row(finding, condition, pair, holm_p, family, settled=True):
+    def holds(claim):
+        return ''.join(f' {holds_cell(st[claim]) if claim in st else "not rerun"} |' for st in studies.values())
+
+    def row(finding, condition, pair, holm_p, family, settled=True, claim=None):
         seeds, d, mean, half, _ = paired(*pair)
         p = f'{fmt_p(holm_p)}{" *" if holm_p < 0.05 else ""} ({family})' if holm_p is not None else 'descriptive'
         lines.append(f'| {finding} | {condition} | {len(seeds)} | {mean:+.4f} {interval(mean, half)} '
-                     f'| {int((d < 0).sum())} of {len(d)} | {p} | {verdict_cell(*pair) if settled else "-"} |')
+                     f'| {int((d < 0).sum())} of {len(d)} | {p} | {verdict_cell(*pair) if settled else "-"} |' + holds(claim))
     for n in sorted(lengths):
         if a in lengths[n] and b in lengths[n]:
             holm_p = scale.get('gap at 12,000 iterations') if n == 12000 else long_holm.get(n)
             row('schedule length', f'{n:,} iterations (equal tokens)', (lengths[n][a], lengths[n][b]), holm_p,
-                'scale' if n == 12000 else 'long')
+                'scale' if n == 12000 else 'long', claim='width 96' if n == 3000 else None)
     seeds, d, mean, half, _ = gap_change(lengths, 6000, 12000)
     if seeds:
         lines.append(f'| longer training | change of the gap from 6,000 to 12,000 its | {len(seeds)} '
                      f'| {mean:+.4f} {interval(mean, half)} | lead grew in {int((d < 0).sum())} of {len(d)} '
-                     f'| {fmt_p(scale["change of the gap from 6,000 to 12,000 iterations"])} (scale) | - |')
+                     f'| {fmt_p(scale["change of the gap from 6,000 to 12,000 iterations"])} (scale) | - |' + holds(None))
     for w in (48, 192):
         if w in widths and a in widths[w] and b in widths[w]:
             holm_p = scale.get(f'gap at width {w} (3,000 its)')
-            row('width', f'width {w} (equal tokens)', (widths[w][a], widths[w][b]), holm_p, 'scale')
+            row('width', f'width {w} (equal tokens)', (widths[w][a], widths[w][b]), holm_p, 'scale', claim=f'width {w}')
     seeds, slopes, mean, half, _ = width_slope(widths)
     if len(seeds) >= 2:
         lines.append(f'| width | slope of the gap per doubling of width (48, 96, 192) | {len(seeds)} '
                      f'| {mean:+.4f} {interval(mean, half)} | lead grew in {int((slopes < 0).sum())} of {len(slopes)} '
                      f'| {fmt_p(scale["slope of the gap per doubling of width"])}'
-                     f'{" *" if scale["slope of the gap per doubling of width"] < 0.05 else ""} (scale) | - |')
+                     f'{" *" if scale["slope of the gap per doubling of width"] < 0.05 else ""} (scale) | - |'
+                     + holds('slope per doubling of width'))
     for w, rows in key_pair_widths_edge(widths).items():
         row('width', f'width {w} at the edge check\'s better rates (HA {rows[a]["variant"].rsplit("_lr", 1)[1]}, '
-                     f'SA {rows[b]["variant"].rsplit("_lr", 1)[1]})', (rows[a], rows[b]), None, '')
+                     f'SA {rows[b]["variant"].rsplit("_lr", 1)[1]})', (rows[a], rows[b]), None, '',
+            claim=f'width {w} at the better rates')
     for w, rows in key_pair_widths_flops(widths).items():
         row('equal FLOPs', f'width {w}, SA w16 trained {rows[b]["iters"]:,} its', (rows[a], rows[b]), None, '', settled=False)
+    return '\n'.join(lines)
+
+
+# -----------------------------------------------------------------------------
+# the scale study retrained on a second CPU kernel path (tools/rerun.py --family scale): the same
+# presets, seeds and rates (chosen once, on the first path's selection half), each claim read on
+# each path, and pooled over both paths with the path as a block
+
+def second_paths():
+    """{folder: path.json} of every family rerun committed as grids/rerun_<path>/."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(GRIDS.glob('rerun_*/path.json'))}
+
+
+def path_label(record):
+    """'AVX2 path, 1 thread' from a path.json."""
+    t = record['threads']
+    return f"{record['cpu_capability'].upper()} path, {t} thread{'s' * (t != 1)}"
+
+
+def on_path(root, cells):
+    """cells ({key: {variant: row}}) with every row replaced by the same preset's row in the rerun
+    folder root (long3k pooled with long3k_more, wide, wide_edge); cells it lacks are left out."""
+    rows = {**{r['variant']: r for r in (long_grids(root).get(3000) or {}).values()},
+            **(load('wide', root) or {}), **(load('wide_edge', root) or {})}
+    return {key: {v: rows[r['variant']] for v, r in pair.items()} for key, pair in cells.items()
+            if all(r['variant'] in rows for r in pair.values())}
+
+
+def path_claims(widths):
+    """The scale study's claims a rerun checks: {claim: (cells, family key)}; cells is the pair
+    {variant: row} or, for the slope, {width: pair}; the family key names the claim in the family
+    it was tested in on the first path (None: descriptive, read after the families were fixed)."""
+    a, b = KEY_PAIR
+    claims = {}
+    for w in WIDTHS:
+        if w in widths and a in widths[w] and b in widths[w]:
+            claims[f'width {w}'] = (widths[w], ('long', 3000) if w == 96 else ('scale', f'gap at width {w} (3,000 its)'))
+    if len(widths) >= 3:
+        claims['slope per doubling of width'] = (widths, ('scale', 'slope of the gap per doubling of width'))
+    for w, rows in key_pair_widths_edge(widths).items():
+        claims[f'width {w} at the better rates'] = (rows, None)
+    return claims
+
+
+def claim_draws(cells, slope):
+    """(seeds, per-seed values, mean, 95% half-width, p) of a claim on one path: the paired gap
+    HA - SA w16 (report half), or each seed's slope of that gap against log2 width."""
+    return width_slope(cells) if slope else paired(cells[KEY_PAIR[0]], cells[KEY_PAIR[1]])
+
+
+def claim_stalls(cells, slope):
+    """{variant: stalled seeds} of a claim's rows (every width's, for the slope)."""
+    pairs = cells.values() if slope else [cells]
+    out = {}
+    for pair in pairs:
+        for v, r in pair.items():
+            if len(r['runs']) >= 3:
+                out.setdefault(v, set()).update(stalled_seeds(report_finals(r)))
+    return {v: sorted(s) for v, s in out.items()}
+
+
+def without_seeds(cells, slope, seeds):
+    """The claim's rows with these seeds left out."""
+    drop = lambda r: {**r, 'runs': [x for x in r['runs'] if x['seed'] not in seeds]}
+    if slope:
+        return {w: {v: drop(r) for v, r in pair.items()} for w, pair in cells.items()}
+    return {v: drop(r) for v, r in cells.items()}
+
+
+def pooled_paths(d1, d2):
+    """Per-seed values of two paths pooled with the path as a block: the mean of the two paths'
+    means, its error from the spread within each path (n1 + n2 - 2 degrees of freedom).
+    (mean, 95% half-width, two-sided p)."""
+    from scipy import stats
+    d1, d2 = np.asarray(d1, float), np.asarray(d2, float)
+    dof = len(d1) + len(d2) - 2
+    if dof < 1:
+        return float('nan'), float('nan'), float('nan')
+    s = math.sqrt((((d1 - d1.mean()) ** 2).sum() + ((d2 - d2.mean()) ** 2).sum()) / dof)
+    mean, se = (d1.mean() + d2.mean()) / 2, s * math.sqrt(1 / len(d1) + 1 / len(d2)) / 2
+    if se == 0:
+        return float(mean), 0.0, float('nan')
+    return float(mean), float(stats.t.ppf(0.975, dof) * se), float(2 * stats.t.sf(abs(mean / se), dof))
+
+
+def family_pvalues(longs, lengths, widths):
+    """{(family, key): first-path p} of the scale family's and the long family's claims."""
+    out = {('scale', claim): p for claim, _, _, _, p, _ in scale_family(lengths, widths)}
+    out.update({('long', n): res[4] for n, x, y, res, _ in long_family(longs) if (x, y) == KEY_PAIR})
+    out.update({('long', (n, x, y)): res[4] for n, x, y, res, _ in long_family(longs) if (x, y) != KEY_PAIR})
+    return out
+
+
+def holm_in_family(first_p, replaced):
+    """Holm's p of the replaced claims ({(family, key): p}) within their first-path families, every
+    claim not rerun keeping its first-path p."""
+    out = {}
+    for fam in {f for f, _ in replaced}:
+        keys = [k for k in first_p if k[0] == fam]
+        adj = holm([replaced.get(k, first_p[k]) for k in keys])
+        out.update({k: q for k, q in zip(keys, adj) if k in replaced})
+    return out
+
+
+def verdict_of(mean, half, p_holm, slope=False):
+    """A claim's verdict: which way, and whether it is shown (Holm's p below 0.05, or for a
+    descriptive claim the 95% interval clear of zero)."""
+    shown = p_holm < 0.05 if p_holm is not None else abs(mean) > half
+    if not shown:
+        return 'no trend shown' if slope else 'no difference shown'
+    if slope:
+        return "HA's lead shrinks with width" if mean > 0 else "HA's lead grows with width"
+    return 'HA lower' if mean < 0 else 'HA higher'
+
+
+def path_study(longs, lengths, widths, folder):
+    """Every claim of path_claims on the first path, on the rerun in grids/<folder>, and pooled
+    over both: {claim: {'first': r, 'second': r, 'pooled': r, ...}}, r a dict of the numbers."""
+    first_p = family_pvalues(longs, lengths, widths)
+    claims = path_claims(widths)
+    root = GRIDS / folder
+    second_cells = {}
+    for name, (cells, _) in claims.items():
+        slope = name.startswith('slope')
+        moved = {w: on_path(root, {0: pair}).get(0) for w, pair in cells.items()} if slope else \
+            on_path(root, {0: cells}).get(0)
+        if moved and (not slope or all(moved.values())):
+            second_cells[name] = moved
+    raw = {}
+    for name, (cells, fam) in claims.items():
+        if name not in second_cells:
+            continue
+        slope = name.startswith('slope')
+        raw[name] = {}
+        for where, c in (('first', cells), ('second', second_cells[name])):
+            seeds, d, mean, half, p = claim_draws(c, slope)
+            stalls = claim_stalls(c, slope)
+            dropped = sorted(set().union(*stalls.values())) if stalls else []
+            alt = claim_draws(without_seeds(c, slope, set(dropped)), slope) if dropped else None
+            raw[name][where] = dict(seeds=seeds, d=d, mean=mean, half=half, p=p, stalls=stalls, dropped=dropped, alt=alt,
+                                    settle=None if slope else verdict_cell(c[KEY_PAIR[0]], c[KEY_PAIR[1]]))
+        d1, d2 = raw[name]['first']['d'], raw[name]['second']['d']
+        mean, half, p = pooled_paths(d1, d2)
+        raw[name]['pooled'] = dict(seeds=list(raw[name]['first']['seeds']) + list(raw[name]['second']['seeds']),
+                                   d=np.concatenate([d1, d2]), mean=mean, half=half, p=p, stalls={}, dropped=[],
+                                   alt=None, settle=None)
+        raw[name]['family'] = fam
+    for where in ('first', 'second', 'pooled'):
+        replaced = {raw[n]['family']: raw[n][where]['p'] for n in raw if raw[n]['family']}
+        adj = holm_in_family(first_p, replaced)
+        for n in raw:
+            r = raw[n][where]
+            r['p_holm'] = adj[raw[n]['family']] if raw[n]['family'] else None
+            r['verdict'] = verdict_of(r['mean'], r['half'], r['p_holm'], n.startswith('slope'))
+            if r['alt'] is not None:  # the same claim without the stalled seeds: does its significance hang on them?
+                _, _, am, ah, ap = r['alt']
+                r['alt_crosses'] = math.isnan(ah) or abs(am) <= ah
+    for n in raw:
+        f, s = raw[n]['first'], raw[n]['second']
+        raw[n]['holds'] = s['verdict'] == f['verdict']
+    return raw
+
+
+def hangs_note(r):
+    """Where a claim's significance on a path hangs on its stalled seeds, say so."""
+    if r['alt'] is None:
+        return ''
+    crosses = math.isnan(r['half']) or abs(r['mean']) <= r['half']
+    if crosses == r['alt_crosses']:
+        return ''
+    _, _, am, ah, _ = r['alt']
+    return (f"; without stalled seed{'s' * (len(r['dropped']) > 1)} {', '.join(map(str, r['dropped']))}: "
+            f"{am:+.4f} {interval(am, ah)}, the interval {'crosses' if r['alt_crosses'] else 'clears'} zero")
+
+
+def path_claims_table(study, record):
+    """Each claim on the first path, on the second and pooled over both (path as a block)."""
+    second = path_label(record)
+    lines = ['| claim | path | seeds | Δ HA - SA w16 [95% CI] | HA lower in | stalled seeds HA, SA | p, Holm (family) '
+             '| settled | verdict |', '|---|---|---|---|---|---|---|---|---|']
+    for name, res in study.items():
+        fam = res['family'][0] if res['family'] else None
+        slope = name.startswith('slope')
+        for where, label in (('first', 'committed (AVX512 path, 1 thread)'), ('second', second),
+                             ('pooled', 'both (path as a block)')):
+            r = res[where]
+            lower = int((r['d'] < 0).sum())
+            lower = f"lead grew in {lower} of {len(r['d'])}" if slope else f"{lower} of {len(r['d'])}"
+            stalls = ', '.join(','.join(map(str, r['stalls'].get(v, []))) or '0' for v in KEY_PAIR) if where != 'pooled' else '-'
+            p = 'descriptive' if fam is None else f"{fmt_p(r['p_holm'])}{' *' if r['p_holm'] < 0.05 else ''} ({fam})"
+            lines.append(f"| {name} | {label} | {len(r['d'])} | {r['mean']:+.4f} {interval(r['mean'], r['half'])}"
+                         f"{hangs_note(r)} | {lower} | {stalls} | {p} | {r['settle'] or '-'} | {r['verdict']} |")
+    return '\n'.join(lines)
+
+
+def holds_cell(res):
+    """The answer table's cell: does the committed verdict hold on the second path?"""
+    f, s = res['first'], res['second']
+    if res['holds']:
+        return f"yes ({s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+    return f"no: {s['verdict']} there ({s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+
+
+def path_means_table(widths, folder, record):
+    """How far each family's five-seed mean (report half) moved between the paths, beside the
+    seed-to-seed spread, the largest move of one seed and the move of the paired gap's mean."""
+    root = GRIDS / folder
+    lines = ['| width | variant | rate | seeds | committed mean ± std | ' + path_label(record) + ' mean ± std '
+             '| move of the mean | largest move of one seed | move of the mean gap HA - SA w16 |',
+             '|---|---|---|---|---|---|---|---|---|']
+    cells = dict(widths)
+    for w, rows in key_pair_widths_edge(widths).items():
+        cells[f'{w}, better rates'] = rows
+    for w, pair in cells.items():
+        moved = on_path(root, {0: pair}).get(0)
+        if not moved:
+            continue
+        finals = {v: (report_finals(pair[v]), report_finals(moved[v])) for v in KEY_PAIR}
+        seeds = sorted(set.intersection(*(set(f) for both in finals.values() for f in both)))
+        x = {v: [np.array([f[s] for s in seeds]) for f in finals[v]] for v in KEY_PAIR}
+        (h1, h2), (s1, s2) = x[KEY_PAIR[0]], x[KEY_PAIR[1]]
+        for v in KEY_PAIR[::-1]:
+            x1, x2 = x[v]
+            gap = f"{((h2 - s2) - (h1 - s1)).mean():+.4f}" if v == KEY_PAIR[0] else ''
+            lines.append(f"| {w} | `{v}` | {pair[v]['variant'].rsplit('_lr', 1)[1]} | {len(seeds)} "
+                         f"| {x1.mean():.4f} ± {x1.std(ddof=1):.4f} | {x2.mean():.4f} ± {x2.std(ddof=1):.4f} "
+                         f"| {x2.mean() - x1.mean():+.4f} | {np.abs(x2 - x1).max():.4f} | {gap} |")
     return '\n'.join(lines)
 
 
@@ -1219,7 +1455,12 @@ def sections(draw=False):
         out['scale_widths_edge'] = width_edge_table(widths)
         out['scale_cost'] = equal_cost_table(lengths)
         out['scale_widths_flops'] = width_flops_table(widths)
-        out['answer'] = answer_table(longs, lengths, widths)
+        studies = {}
+        for folder, record in second_paths().items():
+            studies[path_label(record)] = path_study(longs, lengths, widths, folder)
+            out[f'{folder}_claims'] = path_claims_table(studies[path_label(record)], record)
+            out[f'{folder}_means'] = path_means_table(widths, folder, record)
+        out['answer'] = answer_table(longs, lengths, widths, studies)
     if reruns():
         out['reproduction'] = reproduction_table(reruns())
     if draw:
