@@ -1013,9 +1013,10 @@ def second_paths():
 
 
 def path_label(record):
-    """'AVX2 path, 1 thread' from a path.json."""
+    """'AVX2 path, 1 thread (Intel Xeon)' from a path.json."""
     t = record['threads']
-    return f"{record['cpu_capability'].upper()} path, {t} thread{'s' * (t != 1)}"
+    cpu = record.get('cpu') and GRID_CPU not in record['cpu'] and short_cpu(record['cpu'])
+    return f"{record['cpu_capability'].upper()} path, {t} thread{'s' * (t != 1)}" + (f' ({cpu})' if cpu else '')
 
 
 def on_path(root, cells):
@@ -1182,7 +1183,7 @@ def path_claims_table(study, record):
     for name, res in study.items():
         fam = res['family'][0] if res['family'] else None
         slope = name.startswith('slope')
-        for where, label in (('first', 'committed (AVX512 path, 1 thread)'), ('second', second),
+        for where, label in (('first', f'committed ({GRID_CPU}, AVX512 path, 1 thread)'), ('second', second),
                              ('pooled', 'both (path as a block)')):
             r = res[where]
             lower = int((r['d'] < 0).sum())
@@ -1235,10 +1236,21 @@ def reruns():
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
 
 
+GRID_CPU = 'AMD EPYC'  # the CPU every committed grid was trained on (1 thread, torch 2.13.0 CPU: AVX512 path)
+
+
+def short_cpu(name):
+    """'Intel(R) Xeon(R) Processor' -> 'Intel Xeon'."""
+    return ' '.join(w for w in name.replace('(R)', '').replace('(TM)', '').split() if w not in ('Processor', 'CPU'))
+
+
 def rerun_setting(r):
-    return 'as committed (1 thread)' if r['threads'] == 1 and r['cpu_capability'] == 'default' else \
-        ', '.join(([f"{r['threads']} threads"] if r['threads'] != 1 else []) +
-                  ([f"ATEN_CPU_CAPABILITY={r['cpu_capability']}"] if r['cpu_capability'] != 'default' else []))
+    """How a rerun differs from the grid's machine and settings (records without 'cpu' ran there)."""
+    cpu = r.get('cpu') and GRID_CPU not in r['cpu'] and short_cpu(r['cpu'])
+    if r['threads'] == 1 and r['cpu_capability'] == 'default':
+        return f'{cpu}, default path (1 thread)' if cpu else 'as committed (1 thread)'
+    return ', '.join(([cpu] if cpu else []) + ([f"{r['threads']} threads"] if r['threads'] != 1 else []) +
+                     ([f"ATEN_CPU_CAPABILITY={r['cpu_capability']}"] if r['cpu_capability'] != 'default' else []))
 
 
 def reproduction_table(records):

@@ -185,7 +185,7 @@ def rerun_one(a):
         sys.exit(f"the rerun did not finish (exit {rc}); see {out / 'runs' / a.preset / f'seed{a.seed}' / 'stderr.txt'}")
     rerun = runs[0]
     record = {'grid': a.grid, 'preset': a.preset, 'seed': a.seed, 'threads': a.threads,
-              'cpu_capability': a.cpu_capability or 'default', 'wall_s': round(time.time() - t0, 1)}
+              'cpu_capability': a.cpu_capability or 'default', 'cpu': cpu_model(), 'wall_s': round(time.time() - t0, 1)}
     print(f"{a.grid} {a.preset} seed {a.seed}, {setting_name(a.threads, a.cpu_capability)}:")
     for key in ('val_loss', 'report_loss'):
         if committed.get(key) is None:
