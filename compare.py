@@ -457,7 +457,8 @@ def write_outputs(out, rows, table):
     out.mkdir(parents=True, exist_ok=True)
     (out / 'results.json').write_text(json.dumps(rows, indent=1))
     (out / 'results.md').write_text(table + '\n')
-    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds', 'config')] if rows else []
+    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds', 'config', 'eval_failed')] \
+        if rows else []
     with open(out / 'results.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=flat + ['n_failed'], extrasaction='ignore')
         w.writeheader()
@@ -531,6 +532,9 @@ def main(argv=None):
     if slurm and args.status:
         slurm.print_status(args, variants, seeds)
         return 0
+    if args.eval_tasks:  # task names and model arguments checked before any run trains
+        import lm_eval_tasks
+        lm_eval_tasks.check_request(args)
     t0 = time.time()
     if slurm and not args.collect_only:
         outcomes = slurm.launch(args, variants, seeds, sys.argv[1:] if argv is None else argv)
@@ -544,23 +548,24 @@ def main(argv=None):
         return 0
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)
-    if args.eval_tasks:  # lm-eval's tasks on every finished run: a second table, its numbers added to rows
-        import lm_eval_model
-        table += '\n\n' + lm_eval_model.grid_table(args, rows)
     out = Path(args.out)
     lost = dropped_runs(out, rows, variants)
     if lost and not args.overwrite:
         raise UserError(f"{out / 'results.json'} holds {len(lost)} finished run(s) this summary would drop "
                         f"({'; '.join(lost[:3])}{'; ...' if len(lost) > 3 else ''}); nothing written: rerun with "
                         f"the grid's own arguments, or add --overwrite to replace it")
-    write_outputs(out, rows, table)
+    write_outputs(out, rows, table)  # the grid's summary first: an evaluation that fails cannot take it with it
     title = f"validation loss, mean over {len(seeds)} seeds (band: min..max); matched: {args.match}"
     for path in [out / 'compare.png'] + ([args.plot] if args.plot else []):
         plot(rows, path, title)
+    if args.eval_tasks:  # lm-eval's tasks on every finished run: a second table, its numbers added to rows
+        import lm_eval_tasks
+        table += '\n\n' + lm_eval_tasks.grid_table(args, rows)
+        write_outputs(out, rows, table)
     print(table)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'compare.png'}; "
           f"grid wall time {time.time() - t0:.0f} s")
-    return 1 if any(r['failed'] for r in rows) else 0
+    return 1 if any(r['failed'] or r.get('eval_failed') for r in rows) else 0
 
 
 if __name__ == '__main__':

@@ -186,10 +186,14 @@ def parse_args(argv, description=''):
     p.add_argument('--est_gpu', default='H100', help="GPU of the --dry_run estimates (hardware.py's table)")
     p.add_argument('--est_mfu', type=float, default=0.30, help='MFU assumed by the --dry_run estimates')
     p.add_argument('--plot', default='', help='also save the plot here (always OUT/compare.png)')
-    p.add_argument('--eval_tasks', default='', help='lm-eval tasks run on every finished run, a table of their '
-                                                     'metrics over seeds (lm_eval_model.py, docs/evaluation.md)')
+    p.add_argument('--eval_tasks', default='', help='lm-eval tasks, tags or groups run on every finished run, a '
+                                                     'table of their metrics over seeds (lm_eval_tasks.py, '
+                                                     'docs/evaluation.md)')
     p.add_argument('--eval_include_path', default='', help='a folder of extra lm-eval task YAMLs')
     p.add_argument('--eval_limit', type=int, default=None, help='documents per lm-eval task (default: all)')
+    p.add_argument('--eval_model_args', default='',
+                   help="the model's settings for --eval_tasks, KEY=VALUE,...: eval.py's batch_size, device, dtype, "
+                        "kernel, meta, max_gen_toks, unknown_chars (e.g. batch_size=32,unknown_chars=drop)")
     # on a SLURM cluster (slurm.py): one job per run, submitted through submitit
     p.add_argument('--launcher', choices=('local', 'slurm'), default='local',
                    help='local: train here; slurm: submit every unfinished run as a SLURM job and return')
@@ -238,6 +242,8 @@ def parse_args(argv, description=''):
         p.error('--nproc and --match_multiple must be >= 1')
     if args.gpus and len(args.gpus) % args.nproc:
         p.error(f"--gpus names {len(args.gpus)} GPUs, not a multiple of --nproc {args.nproc}")
+    if (args.eval_include_path or args.eval_limit or args.eval_model_args) and not args.eval_tasks:
+        p.error('--eval_include_path, --eval_limit and --eval_model_args need --eval_tasks')
     slurm_set = [a.dest for a in p._actions if a.dest.startswith('slurm_') or a.dest in ('wait', 'status')
                  if getattr(args, a.dest) != a.default]
     if args.launcher != 'slurm' and slurm_set:

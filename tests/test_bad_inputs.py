@@ -84,7 +84,8 @@ ROWS = {
     'missing_config_file': ('train.py', ['{w}/no_such_config.py'], "config file '{w}/no_such_config.py' not found"),
     'malformed_config_file': ('train.py', ['{w}/bad_config.py'], "config file {w}/bad_config.py failed: SyntaxError"),
     'missing_dataset': ('train.py', ['--data_dir={w}/nodata'],
-                        "{w}/nodata/train.bin not found; prepare the data first, e.g. `python prepare_shakespeare.py`"),
+                        "{w}/nodata/train.bin not found; prepare the data first: `python prepare_openwebtext.py --source=... "
+                        "--name=nodata`"),
     'empty_corpus': ('prepare_openwebtext.py', ['--source={w}/empty.txt', '--tokenizer=char', '--name=_reltest_empty',
                                                 '--root={w}/prepared'],
                      "holds no text; give a non-empty corpus"),

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import lm_eval_model
+import lm_eval_tasks
 import tokenizer as tok
 from errors import UserError
 from model import GPT, GPTConfig
@@ -59,7 +60,7 @@ def save_run(model, out_dir, **extra):
 
 @pytest.fixture(scope='module')
 def task_manager():
-    return lm_eval_model.task_list([MC, TEXT, GEN], TASKS)[1]  # the local tasks alone: lm-eval's own take seconds
+    return lm_eval_tasks.task_list([MC, TEXT, GEN], TASKS)[1]  # the local tasks alone: lm-eval's own take seconds
 
 
 def run_tasks(lm, tasks, task_manager, **kw):
@@ -140,7 +141,7 @@ def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
     with pytest.raises(UserError, match='a continuation of 40 tokens is longer than .* block_size=32'):
         lm.loglikelihood([SimpleNamespace(args=('ROMEO:', ' ' + 'a' * 39))])  # no context left to cut
     capsys.readouterr()
-    lm_eval_model.note_truncated(lm)
+    lm_eval_model.note_cuts(lm)
     note = capsys.readouterr().err
     assert note.count('\n') == 1 and 'cut from the left' in note
 
@@ -248,10 +249,10 @@ def test_eval_py_writes_results_beside_the_checkpoint_in_under_a_minute(tmp_path
                         f'--include_path={TASKS}', '--device=cpu'], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert time.time() - t0 < 60
-    results = json.loads((out_dir / lm_eval_model.RESULTS).read_text())
+    results = json.loads((out_dir / lm_eval_tasks.RESULTS).read_text())
     assert set(results['results']) == {MC, TEXT, GEN} and results['nanohfa']['tasks'] == [MC, TEXT, GEN]
     assert 0 <= results['results'][MC]['acc,none'] <= 1 and results['results'][TEXT]['bits_per_byte,none'] > 0
-    assert f'|{MC}' in r.stdout and f"wrote {out_dir / lm_eval_model.RESULTS}" in r.stdout
+    assert f'|{MC}' in r.stdout and f"wrote {out_dir / lm_eval_tasks.RESULTS}" in r.stdout
 
 
 def test_eval_refuses_bad_input_in_one_line(tmp_path):
@@ -322,7 +323,7 @@ def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
         assert r['val bits/byte mean'] == pytest.approx(r['val_loss_mean'] / math.log(2), rel=1e-9)
         for run in r['runs']:
             saved = json.loads((tmp_path / 'grid' / 'runs' / r['variant'] / f"seed{run['seed']}" /
-                                lm_eval_model.RESULTS).read_text())
+                                lm_eval_tasks.RESULTS).read_text())
             assert run[f'{MC} acc_norm'] == saved['results'][MC]['acc_norm,none']
             assert run[f'{TEXT} bits_per_byte'] == saved['results'][TEXT]['bits_per_byte,none']
     col = f'{TEXT} bits_per_byte'
