@@ -88,6 +88,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import devices
 import hardware
 from model import GPT, GPTConfig, make_attention
 
@@ -774,6 +775,8 @@ def main():
     add_kernel_args(p)
     args = p.parse_args()
 
+    if args.device != 'cpu':  # a device this machine lacks: one line (errors.py), not an assertion deep in torch
+        devices.pick_device(args.device)
     if args.case:
         result = run_any(json.loads(args.case))
         if int(os.environ.get('RANK', 0)) == 0:  # under torchrun: one line, from the first process

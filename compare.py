@@ -48,8 +48,8 @@ from pathlib import Path
 
 
 from errors import UserError
-from grid import (REFERENCE, as_args, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci, parse_args,
-                  plan, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
+from grid import (REFERENCE, as_args, cpu_grid, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci,
+                  parse_args, plan, plural, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / 'train.py'
@@ -286,18 +286,22 @@ def dry_run(args, variants, seeds):
     per_variant, total = grid_budget(args, variants, seeds)
     slots = gpu_slots(args)
     runs = grid_runs(args, variants, seeds)
-    print(f"\n{len(runs)} runs ({len(variants)} variants x {seed_text(variants, seeds)}); budgets at an assumed "
-          f"{args.est_mfu:.0%} MFU of {args.est_gpu}'s dense bf16 peak (--est_mfu, --est_gpu)")
+    cpu = cpu_grid(args, variants)  # on CPU cores: tokens and FLOPs, no GPU time
+    print(f"\n{plural(len(runs), 'run')} ({plural(len(variants), 'variant')} x {seed_text(variants, seeds)}); "
+          + ("a CPU grid (device='cpu'): tokens and FLOPs, no GPU time" if cpu else
+             f"budgets at an assumed {args.est_mfu:.0%} MFU of {args.est_gpu}'s dense bf16 peak (--est_mfu, --est_gpu)"))
     for i, (v, s, run_dir, state) in enumerate(runs):
         b = per_variant[v['variant']]
         gpus = f"CUDA_VISIBLE_DEVICES={slots[i]} " if args.gpus and i < len(slots) else \
             'CUDA_VISIBLE_DEVICES=<next free> ' if args.gpus else ''
-        print(f"\n{v['variant']} seed {s} [{state}]: {tokens_text(b['tokens'])} tokens, {b['flops']:.2e} FLOPs, "
-              f"{gpu_time_text(b['gpu_hours'])}\n  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
-    print(f"\ntotal: {tokens_text(total['tokens'])} tokens, {total['flops']:.2e} FLOPs, "
-          f"{gpu_time_text(total['gpu_hours'])}; {gpu_time_text(total['wall_hours'], unit='')} of wall time with "
-          f"{total['slots']} run{'s' * (total['slots'] > 1)} at a time"
-          + (f" on {args.nproc} GPU{'s' * (args.nproc > 1)} each" if args.gpus else ''))
+        print(f"\n{v['variant']} seed {s} [{state}]: {tokens_text(b['tokens'])} tokens, {b['flops']:.2e} FLOPs"
+              f"{'' if cpu else ', ' + gpu_time_text(b['gpu_hours'])}\n"
+              f"  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
+    print(f"\ntotal: {tokens_text(total['tokens'])} tokens, {total['flops']:.2e} FLOPs"
+          + (f"; {plural(total['slots'], 'run')} at a time on CPU cores (--jobs)" if cpu else
+             f", {gpu_time_text(total['gpu_hours'])}; {gpu_time_text(total['wall_hours'], unit='')} of wall time "
+             f"with {plural(total['slots'], 'run')} at a time"
+             + (f" on {plural(args.nproc, 'GPU')} each" if args.gpus else '')))
     print(grid_budget_line(args, variants, seeds))
 
 

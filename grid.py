@@ -272,10 +272,19 @@ def seeds_of(v, seeds):
     return parse_list(','.join(map(str, own)) if isinstance(own, (list, tuple)) else str(own), 'seeds=')
 
 
+def plural(n, word):
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def seed_text(variants, seeds):
     if any(v.get('seeds') is not None for v in variants):
         return 'their own seeds'
-    return f'{len(seeds)} seeds'
+    return plural(len(seeds), 'seed')
+
+
+def cpu_grid(args, variants):
+    """Every run on this machine's CPU (device='cpu', no --gpus, not on SLURM): no GPU time to estimate."""
+    return not args.gpus and args.launcher == 'local' and all(v['cfg']['device'] == 'cpu' for v in variants)
 
 
 def gpu_slots(args):
@@ -355,11 +364,15 @@ def grid_budget(args, variants, seeds):
 
 def grid_budget_line(args, variants, seeds):
     per_variant, t = grid_budget(args, variants, seeds)
+    what = (f"# Grid budget: {plural(t['runs'], 'run')} ({plural(len(variants), 'variant')} x "
+            f"{seed_text(variants, seeds)}), {tokens_text(t['tokens'], 1)} tokens, {t['flops']:.2e} FLOPs")
+    if cpu_grid(args, variants):
+        return (f"{what}; a CPU grid (device='cpu'), {plural(t['slots'], 'run')} at a time (--jobs): no GPU time "
+                f"to estimate (bench.py --step_times measures its seconds per step)")
     gpus = len(args.gpus) if args.gpus else args.nproc * t['slots']
     wall = f"{t['wall_hours']:,.1f} h" if t['wall_hours'] >= 0.1 else gpu_time_text(t['wall_hours'], unit='')
-    return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {seed_text(variants, seeds)}), "
-            f"{tokens_text(t['tokens'], 1)} tokens, {t['flops']:.2e} FLOPs, {gpu_time_text(t['gpu_hours'], 0)} on "
-            f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {wall} on {gpus} GPUs")
+    return (f"{what}, {gpu_time_text(t['gpu_hours'], 0)} on {args.est_gpu} at {args.est_mfu:.0%} MFU = {wall} on "
+            f"{plural(gpus, 'GPU')}")
 
 
 

@@ -109,6 +109,10 @@ def run_tasks(lm, names, manager, limit=None, num_fewshot=None, bar=True):
                                        verbosity='WARNING' if bar else 'ERROR')
     except (OSError, ConnectionError) as e:
         raise UserError(failure_line(e)) from None
+    except ValueError as e:
+        if 'Duplicate task' not in str(e):
+            raise
+        raise UserError(f"{e}: name a group or its tasks, not both (lm-eval evaluates a task once)") from None
 
 
 def evaluate(path, tasks, include_path='', limit=None, num_fewshot=None, bar=True, **model_args):
@@ -125,7 +129,7 @@ def evaluate(path, tasks, include_path='', limit=None, num_fewshot=None, bar=Tru
         return None
     results['nanohfa'] = {'checkpoint': lm.path, 'lm_eval': lm_eval.__version__, 'tasks': names,
                           'include_path': str(include_path or ''), 'limit': limit, 'num_fewshot': num_fewshot,
-                          'model_args': resolved({**MODEL_ARGS, **model_args})}
+                          'model_args': resolved({**MODEL_ARGS, **model_args}), 'processes': lm.world_size}
     return results
 
 
