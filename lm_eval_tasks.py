@@ -25,16 +25,17 @@ import sys
 import traceback
 from pathlib import Path
 
-import lm_eval
-from lm_eval.api.group import Group
-from lm_eval.tasks import TaskManager
-from lm_eval.utils import handle_non_serializable, simple_parse_args_string
+from lm_eval_model import MODEL_ARGS, NanoHFA, note_cuts  # first: it imports lm-eval as the environment needs
 
-import devices
-import hub
-import tokenizer as tok
-from errors import UserError
-from lm_eval_model import MODEL_ARGS, NanoHFA, note_cuts
+import lm_eval  # noqa: E402
+from lm_eval.api.group import Group  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+from lm_eval.utils import handle_non_serializable, simple_parse_args_string  # noqa: E402
+
+import devices  # noqa: E402
+import hub  # noqa: E402
+import tokenizer as tok  # noqa: E402
+from errors import UserError  # noqa: E402
 
 RESULTS = 'lm_eval_results.json'  # beside the checkpoint
 PER_TASK = ('results', 'groups', 'group_subtasks', 'configs', 'versions', 'n-shot', 'higher_is_better', 'n-samples')
@@ -300,9 +301,10 @@ def bytes_per_token(folder):
     if meta is None and tokens.magic == 20240801:
         return None, '', f"{folder}: uint32 tokens and no meta.json: their tokenizer is not known"
     try:
-        lengths = token_bytes(tok.from_meta(meta or {'tokenizer': 'gpt2'}))  # no meta: nanoGPT's GPT-2 tokens
+        enc = tok.from_meta(meta or {'tokenizer': 'gpt2'})  # no meta: nanoGPT's GPT-2 tokens
     except UserError as e:
         return None, '', str(e)
+    lengths = token_bytes(enc)
     step = max(1, n // 100)
     pieces = [(0, n)] if n <= SAMPLE_TOKENS else \
         [(i * step, i * step + SAMPLE_TOKENS // 100) for i in range(100)]
@@ -314,7 +316,8 @@ def bytes_per_token(folder):
         total, counted = total + int(lengths[ids].sum()), counted + len(ids)
     kind = 'counted' if counted == n else 'sampled'
     how = f"each of its {n:,} tokens" if kind == 'counted' else f"{counted:,} of its {n:,} tokens, in 100 evenly spaced pieces"
-    return total / counted, kind, f"UTF-8 bytes per token counted over {how} (GPT-2's end-of-text: no bytes)"
+    return total / counted, kind, (f"UTF-8 bytes per token counted over {how}"
+                                   + " (GPT-2's end-of-text: no bytes)" * (enc.name == 'gpt2'))
 
 
 # -----------------------------------------------------------------------------

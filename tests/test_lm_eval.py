@@ -238,6 +238,107 @@ def test_generate_until_is_sample_greedy_cut_at_stop_strings(tmp_path):
     assert none == greedy[:greedy.index(stop[0])]  # the first stop string met ends it
 
 
+def greedy_text(model, prompt, n):
+    """The model's own greedy decoding (GPT.generate, sample.py's) of n tokens after prompt."""
+    ids = ENC.encode(prompt)[-(model.config.block_size - n if n < model.config.block_size else
+                               model.config.block_size):]
+    y = model.generate(torch.tensor([ids]), n, temperature=0)
+    return ENC.decode(y[0, len(ids):].tolist())
+
+
+def generation(prompt, **kw):
+    return SimpleNamespace(args=(prompt, {'until': [], 'max_gen_toks': 20, 'do_sample': False, **kw}))
+
+
+PROMPTS = ['ROMEO:\nBut, soft! what', 'All:\nSpeak,', 'KING RICHARD III:\nNow is the winter of our', 'MENENIUS:\nEither',
+           'JULIET: O Romeo, Romeo, wherefore art thou']
+
+
+def test_batched_generation_equals_one_request_at_a_time():
+    """Prompts of five lengths in one batch: each row is decoded at its own positions, as alone."""
+    model = tiny('hfa_v1', seed=2, scale=20.0)
+    requests = [generation(p, until=['\n\n']) for p in PROMPTS]
+    batched = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=5).generate_until(requests)
+    alone = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=1).generate_until(requests)
+    assert batched == alone
+    assert batched == [greedy_text(model, p, 20).split('\n\n')[0] for p in PROMPTS]
+    assert len(set(batched)) == len(PROMPTS)
+
+
+def count_forwards(model):
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    return calls
+
+
+def test_generation_stops_at_the_first_stop_string():
+    """The text is the greedy text cut at the stop string, and decoding ends when it appears: one
+    forward for the prompt, then one per token up to the stop string's last, not max_gen_toks."""
+    model = tiny('sa', seed=2, scale=20.0)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    full = lm.generate_until([generation(PROMPTS[0], max_gen_toks=40)])[0]
+    stop = next(full[i:i + 2] for i in range(3, len(full) - 1) if full.index(full[i:i + 2]) == i)
+    calls = count_forwards(model)
+    text, = lm.generate_until([generation(PROMPTS[0], max_gen_toks=40, until=['never', stop])])
+    assert text == full[:full.index(stop)] and len(text) < 30
+    assert len(calls) == full.index(stop) + len(stop)  # one token a forward (characters), the prompt's included
+
+
+def test_generation_stops_at_end_of_text():
+    """A GPT-2-vocabulary model whose every prediction is end-of-text: nothing generated, one forward."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=1, n_embd=8, bias=True)).eval()
+    enc = tok.GPT2Tokenizer()
+    with torch.no_grad():  # the final norm's output is its bias; end-of-text's embedding points along it
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.normal_()
+        model.lm_head.weight[enc.eot] = 100 * model.transformer.ln_f.bias
+    lm = lm_eval_model.NanoHFA(model=model, enc=enc, device='cpu')
+    calls = count_forwards(model)
+    assert lm.generate_until([generation('Hello', until=['never'], max_gen_toks=16)]) == ['']
+    assert len(calls) == 1
+
+
+def test_sampling_settings_are_read_as_hugging_faces_generate_reads_them():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    sampler = lm_eval_model.NanoHFA.sampler
+    assert sampler({'do_sample': False, 'temperature': 0.0}) is None  # greedy
+    default = sampler({'do_sample': True})  # HF's defaults: temperature 1 (no warper), top_k 50, top_p 1 (none)
+    assert [type(w) for w in default] == [TopKLogitsWarper] and default[0].top_k == 50
+    full = sampler({'do_sample': True, 'temperature': 0.7, 'top_k': 5, 'top_p': 0.9})
+    assert [type(w) for w in full] == [TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper]
+    assert (full[0].temperature, full[1].top_k, full[2].top_p) == (0.7, 5, 0.9)
+    with pytest.raises(UserError, match=r'temperature=0.0; a sampling temperature must be > 0'):
+        sampler({'do_sample': True, 'temperature': 0.0})
+    with pytest.raises(UserError, match=r"settings \{'repetition_penalty': 1.3\} are not supported"):
+        sampler({'do_sample': False, 'repetition_penalty': 1.3})
+
+
+def test_do_sample_samples_and_top_k_1_is_greedy():
+    """do_sample without a temperature samples (at HF's temperature 1), top_k=1 or a tiny top_p keeps
+    the argmax alone, and do_sample=False with a temperature is greedy."""
+    model = tiny('sa', seed=1)  # untrained: nearly flat predictions, greedy repeats one character
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    greedy = greedy_text(model, PROMPTS[1], 20)
+    torch.manual_seed(0)
+    sampled = lm.generate_until([generation(PROMPTS[1], do_sample=True)] * 3)
+    assert all(s != greedy for s in sampled) and len(set(sampled)) == 3
+    for kw in ({'do_sample': True, 'top_k': 1}, {'do_sample': True, 'top_p': 1e-9}, {'do_sample': False,
+                                                                                    'temperature': 0.8}):
+        assert lm.generate_until([generation(PROMPTS[1], **kw)]) == [greedy], kw
+
+
+def test_max_gen_toks_beyond_block_size_slides_the_window(capsys):
+    """A task asking for more tokens than block_size: the context keeps its last block_size tokens and
+    each new token is predicted from the last block_size, as sample.py decodes past block_size."""
+    model = tiny('sa', block_size=16, seed=2, scale=20.0)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    texts = lm.generate_until([generation(p, max_gen_toks=40) for p in PROMPTS[:2]])
+    assert texts == [greedy_text(model, p, 40) for p in PROMPTS[:2]] and all(len(t) == 40 for t in texts)
+    lm_eval_model.note_cuts(lm)
+    assert 'note: 2 generation request(s) asked for max_gen_toks >= block_size=16' in capsys.readouterr().err
+
+
 # -----------------------------------------------------------------------------
 # eval.py: one command, and one line for bad input
 
@@ -262,6 +363,14 @@ def test_eval_refuses_bad_input_in_one_line(tmp_path):
         eval_py.main([f'--out_dir={out_dir}', f'--tasks={MC}', f'--include_path={TASKS}'])
     with pytest.raises(UserError, match='no ckpt.pt'):
         eval_py.main([f'--out_dir={tmp_path}', f'--tasks={MC}'])
+    with pytest.raises(UserError, match=f'--out_dir {tmp_path}/nowhere: no such folder; give the out_dir of a training'):
+        eval_py.main([f'--out_dir={tmp_path}/nowhere', f'--tasks={MC}'])
+    with pytest.raises(UserError, match=r'^no checkpoint at nowhere: give the out_dir of a training run'):
+        eval_py.main(['--init_from=nowhere', f'--tasks={MC}'])
+    with pytest.raises(UserError, match=r'^unrecognized argument\(s\) --taks=x \(--taks: did you mean --tasks\?\)'):
+        eval_py.main([f'--out_dir={out_dir}', '--taks=x'])  # the misspelt flag, not a missing --tasks
+    with pytest.raises(UserError, match='--tasks is required'):
+        eval_py.main([f'--out_dir={out_dir}'])
     with pytest.raises(UserError, match='one of them'):
         eval_py.main([f'--tasks={MC}'])
     save_run(tiny('sa'), out_dir)
@@ -270,15 +379,30 @@ def test_eval_refuses_bad_input_in_one_line(tmp_path):
         eval_py.main([f'--out_dir={out_dir}', '--tasks=nanohfa_tiny_mcq', f'--include_path={TASKS}'])
 
 
-def test_characters_outside_the_vocabulary_are_named(task_manager):
+def test_characters_outside_the_vocabulary_are_named_with_both_flags(task_manager):
     small = tok.CharTokenizer(sorted(set('abcdefghijklmnopqrstuvwxyz \n')))
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=small.vocab_size, n_layer=1, n_head=1, n_embd=8))
-    with pytest.raises(UserError, match="not in this model's character vocabulary.*unknown_chars=drop"):
+    with pytest.raises(UserError, match=r"not in this model's character vocabulary.*eval.py --unknown_chars=drop; "
+                                        r"compare.py --eval_model_args=unknown_chars=drop"):
         run_tasks(lm_eval_model.NanoHFA(model=model, enc=small, device='cpu'), [MC], task_manager, limit=1)
-    out = run_tasks(lm_eval_model.NanoHFA(model=model, enc=small, device='cpu', unknown_chars='drop'), [MC],
-                    task_manager, limit=2)
-    assert out['results'][MC]['acc,none'] in (0.0, 0.5, 1.0)
+
+
+def test_drop_leaves_unknown_characters_out_of_contexts_and_refuses_them_in_scored_text():
+    """unknown_chars=drop: a prompt's unknown characters are dropped (the score is the prompt's without
+    them); a choice or a document holding one is refused, not scored on fewer characters than
+    lm-eval's byte, word and length counts (the bias: bits per byte too good, an all-unknown choice at 0)."""
+    model = tiny('sa')
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', unknown_chars='drop')
+    assert '€' not in ENC.stoi and '#' not in ENC.stoi
+    (dropped, _), (clean, _) = lm.loglikelihood([SimpleNamespace(args=('ROMEO: # But, soft€!', ' what light')),
+                                                 SimpleNamespace(args=('ROMEO:  But, soft!', ' what light'))])
+    assert dropped == clean
+    with pytest.raises(UserError, match=r"characters '€' are in a text this task scores"):
+        lm.loglikelihood([SimpleNamespace(args=('ROMEO: But, soft!', ' €€')), SimpleNamespace(args=('ROMEO:', ' a'))])
+    with pytest.raises(UserError, match=r"characters '#' are in a text this task scores"):
+        lm.loglikelihood_rolling([SimpleNamespace(args=('All:\nSpeak, # speak.',))])
+    lm.generate_until([SimpleNamespace(args=('ROMEO: # But€', {'until': ['\n'], 'max_gen_toks': 4}))])  # a prompt: dropped
 
 
 # -----------------------------------------------------------------------------
@@ -331,7 +455,7 @@ def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
     assert rows['hfa'][f'{col} delta_vs_sa'] == pytest.approx(np.mean(diffs))
     assert rows['hfa'][f'{col} mean'] == pytest.approx(np.mean([run[col] for run in rows['hfa']['runs']]))
     table = (tmp_path / 'grid' / 'results.md').read_text()
-    assert f'| {MC} acc_norm | Δ vs SA |' in table and '| val bits/byte |' in table
+    assert f'| {MC} acc_norm | Δ vs SA |' in table and '| val bits/byte [counted] |' in table  # counted: no val_bytes in this meta.json
     # a --collect_only pass reuses the saved results while the checkpoints are unchanged
     assert compare.main(argv + ['--collect_only']) == 0
     again = capsys.readouterr().out
