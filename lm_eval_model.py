@@ -290,13 +290,27 @@ class NanoHFA(TemplateLM):
         out = []
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="generate_until")
         for batch in order.get_batched(n=self.batch_size):
-            texts = self.generate(*zip(*batch))
-            for (context, gen_kwargs), text in zip(batch, texts):
-                self.cache_hook.add_partial('generate_until', (context, gen_kwargs), text)
-            out += texts
-            bar.update(len(batch))
+            for part in self.similar_lengths(batch):
+                texts = self.generate(*zip(*part))
+                for (context, gen_kwargs), text in zip(part, texts):
+                    self.cache_hook.add_partial('generate_until', (context, gen_kwargs), text)
+                out += texts
+                bar.update(len(part))
         bar.close()
         return order.get_original(out)
+
+    def similar_lengths(self, batch):
+        """A batch (longest prompt first) cut where a prompt is shorter than the first of its part by more
+        than max_gen_toks: a row is fed its prompt a token a step while a shorter one generates, so a part
+        takes at most twice the steps of its generation."""
+        n_new = normalize_gen_kwargs(batch[0][1], self.max_gen_toks)['max_gen_toks']
+        parts = []
+        for request in batch:
+            length = len(self.tok_encode(request[0]))
+            if not parts or parts[-1][0] - length > n_new:
+                parts.append((length, []))
+            parts[-1][1].append(request)
+        return [part for _, part in parts]
 
     def generate(self, contexts, all_gen_kwargs):
         """The generated text of each context, under the one generation setting all share."""

@@ -250,7 +250,7 @@ def generation(prompt, **kw):
     return SimpleNamespace(args=(prompt, {'until': [], 'max_gen_toks': 20, 'do_sample': False, **kw}))
 
 
-PROMPTS = ['ROMEO:\nBut, soft! what', 'All:\nSpeak,', 'KING RICHARD III:\nNow is the winter of our', 'MENENIUS:\nEither',
+PROMPTS = ['ROMEO:\nBut, soft! what', 'All:\nSpeak,', 'KING RICHARD III:\nNow is the winter', 'MENENIUS:\nEither',
            'JULIET: O Romeo, Romeo, wherefore art thou']
 
 
@@ -258,7 +258,10 @@ def test_batched_generation_equals_one_request_at_a_time():
     """Prompts of five lengths in one batch: each row is decoded at its own positions, as alone."""
     model = tiny('hfa_v1', seed=2, scale=20.0)
     requests = [generation(p, until=['\n\n']) for p in PROMPTS]
-    batched = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=5).generate_until(requests)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=5)
+    parts = lm.similar_lengths(sorted([r.args for r in requests], key=lambda a: -len(a[0])))
+    assert max(len({len(c) for c, _ in part}) for part in parts) == 3  # rows of 3 prompt lengths decoded together
+    batched = lm.generate_until(requests)
     alone = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=1).generate_until(requests)
     assert batched == alone
     assert batched == [greedy_text(model, p, 20).split('\n\n')[0] for p in PROMPTS]
