@@ -415,15 +415,11 @@ def grid_table(args, rows):
              '|---|---|---|' + '---|---|' * len(columns)]
     for r in rows:
         cells = []
-        for c in columns:
-            k = label[c]
-            fewer = f" (n={r[f'{k} n']})" if 0 < r[f'{k} n'] < r['n_seeds'] else ''
-            cells.append('-' if not r[f'{k} n'] else
-                         f"{f(r[f'{k} mean'])} ± {f(r[f'{k} std'])} [{f(r[f'{k} mean'] - r[f'{k} ci95'])}, "
-                         f"{f(r[f'{k} mean'] + r[f'{k} ci95'])}]{fewer} | " + delta_text(r[f'{k} delta_vs_sa'],
-                                                                                      r[f'{k} delta_ci95']))
-            if not r[f'{k} n']:
-                cells[-1] += ' | -'
+        for k in (label[c] for c in columns):
+            n, mean, half = r[f'{k} n'], r[f'{k} mean'], r[f'{k} ci95']
+            fewer = f" (n={n})" if n < r['n_seeds'] else ''
+            cells += ['-', '-'] if not n else [f"{f(mean)} ± {f(r[f'{k} std'])} [{f(mean - half)}, {f(mean + half)}]"
+                                               f"{fewer}", delta_text(r[f'{k} delta_vs_sa'], r[f'{k} delta_ci95'])]
         lines.append(f"| {r['variant']} | {r['n_seeds']} | {f(r['val_loss_mean'])} ± {f(r['val_loss_std'])} | "
                      + ' | '.join(cells) + ' |')
     failed = [(r['variant'], x) for r in rows for x in r['eval_failed']]

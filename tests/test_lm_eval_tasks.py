@@ -8,7 +8,6 @@
 - two processes under torchrun give the numbers of one; --output_path is a folder or a .json file."""
 
 import json
-import math
 import os
 import shutil
 import subprocess
