@@ -3,7 +3,10 @@ offline, with lm-eval's own evaluator over the local tasks in tests/fixtures/lm_
 - the log-likelihoods lm-eval receives equal those computed directly with model.py (sa, hfa_v1, ha);
 - the cross-check: a tiny GPT-2 written by transformers, evaluated through our init_from folder
   path and through lm-eval's own `hf` model, gets the same metrics and the same per-request numbers;
-- generate_until is sample.py's greedy decoding, cut at the stop strings;
+- generate_until is sample.py's greedy decoding, cut at the stop strings, batched as one at a time;
+  it stops at a stop string or end-of-text, samples as Hugging Face's generate reads do_sample,
+  temperature, top_k and top_p, and slides its window past block_size;
+- unknown_chars=drop drops from contexts only, and refuses a scored text it would bias;
 - a context longer than block_size is cut from the left, as documented, not an error;
 - eval.py end to end, its one-line refusals, and compare.py's table of task metrics over seeds."""
 
