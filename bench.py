@@ -51,11 +51,11 @@ Modes:
     lm_eval      (--lm_eval) requests per second of lm_eval_model.py's loglikelihood (128 multiple-choice-like
                  requests: contexts of 30-200 tokens, answers of 1-8) and generate_until (32 prompts of
                  10-100 tokens, 32 new tokens each: in batches of 16, one at a time, and the loop this project
-                 had before), on a GPT of --n_layer x --n_embd with GPT-2's vocabulary, T = 256, the fastest
-                 of 3 rounds over the cases; and the peak
-                 memory (RSS high-water mark, a fresh process each) of scoring every position of a
-                 --lm_eval_size batch, before (every position's logits through the model's loss, then their
-                 log-softmax) and now (NanoHFA.score: one float32 buffer, normalised in place)
+                 had before), on a GPT of --n_layer x --n_embd with GPT-2's vocabulary, T = 256, the
+                 fastest of 3 rounds over the cases; and the peak memory (RSS high-water mark, a fresh
+                 process each) of scoring every position of a --lm_eval_size batch, before (every
+                 position's logits through the model's loss, then their log-softmax) and now
+                 (NanoHFA.score: one float32 buffer, normalised in place)
     step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
                  of every variant of the grid as train.py takes it, one thread, in rounds that
                  visit the variants in turn (a load that comes and goes hits each alike); the

@@ -22,9 +22,10 @@ How each request type is computed (lm-eval's rules, through its own helpers):
   predicted once, the first from the end-of-text token, the last window given a full context.
 - generate_until: batched as lm-eval's HF model batches (requests with the same generation
   settings, longest first), each row its own tokens at its own positions (no padding: past the
-  shortest prompt, a row still in its prompt is fed its next prompt token), with the KV cache; a
-  row stops at any of the task's `until` strings or at end-of-text (GPT-2), the batch when every
-  row has or after max_gen_toks tokens. Greedy unless the task samples: do_sample, temperature,
+  shortest prompt, a row still in its prompt is fed its next prompt token; a batch is cut where
+  its prompts differ by more than max_gen_toks), with the KV cache; a row stops at any of the
+  task's `until` strings or at end-of-text (GPT-2), the batch when every row has or after
+  max_gen_toks tokens. Greedy unless the task samples: do_sample, temperature,
   top_k and top_p as Hugging Face's generate reads them (its defaults temperature 1, top_k 50,
   top_p 1; transformers' own logits warpers). The context keeps its last block_size -
   max_gen_toks tokens (the HF model's rule); a task asking for max_gen_toks >= block_size keeps
