@@ -11,6 +11,7 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
                                               # a compare.py grid's seconds per step (tools/cpu_grids.py)
     python bench.py --memory --out results/memory_cpu.json   # activation checkpointing, DDP and FSDP on CPU
     python bench.py --shards --out results/shards.json       # training windows from 100 shards vs one file
+    python bench.py --lm_eval --out results/lm_eval_bench/results.json   # lm-eval requests/s, scoring memory
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
@@ -47,6 +48,14 @@ Modes:
                  tokens in one train.bin, taking turns batch by batch (a load that comes and goes
                  slows both alike), from the median seconds per batch; and the resident memory that
                  opening the shards adds (VmRSS before and after; the tokens are mapped, not read)
+    lm_eval      (--lm_eval) requests per second of lm_eval_model.py's loglikelihood (128 multiple-choice-like
+                 requests: contexts of 30-200 tokens, answers of 1-8) and generate_until (32 prompts of
+                 10-100 tokens, 32 new tokens each: in batches of 16, one at a time, and the loop this project
+                 had before), on a GPT of --n_layer x --n_embd with GPT-2's vocabulary, T = 256, the
+                 fastest of 3 rounds over the cases; and the peak memory (RSS high-water mark, a fresh
+                 process each) of scoring every position of a --lm_eval_size batch, before (every
+                 position's logits through the model's loss, then their log-softmax) and now
+                 (NanoHFA.score: one float32 buffer, normalised in place)
     step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
                  of every variant of the grid as train.py takes it, one thread, in rounds that
                  visit the variants in turn (a load that comes and goes hits each alike); the
@@ -88,6 +97,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import devices
 import hardware
 from model import GPT, GPTConfig, make_attention
 
@@ -722,7 +732,140 @@ def plan(args):
     return cases
 
 
+# -----------------------------------------------------------------------------
+# lm-eval (--lm_eval): requests per second of our lm-eval model, and the memory of its scoring
+
+def lm_eval_model(model_args, T, dev):
+    """lm_eval_model.NanoHFA over a GPT of the bench's width and GPT-2's vocabulary (and tokenizer)."""
+    import lm_eval_model
+    import tokenizer as tok
+    n_layer, n_embd = model_args
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=max(1, n_embd // 64), n_embd=n_embd, vocab_size=50304,
+                          block_size=T, bias=False))
+    return lm_eval_model.NanoHFA(model=model, enc=tok.GPT2Tokenizer(), device=dev, dtype='float32')
+
+
+def before_log_probs(lm, x):
+    """The scoring this project had before (a baseline): the model's loss forward for every
+    position's logits (cross-entropy's own log-softmax beside them), then their log-softmax."""
+    with lm.ctx:
+        logits, _ = lm.model(x, targets=x)
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+def before_loglikelihood(lm, requests):
+    """The loglikelihood loop this project had before: every position's log-probabilities, two host
+    reads per request."""
+    from lm_eval.models.utils import Collator
+    order, out = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2]))), []
+    for batch in order.get_batched(n=lm.batch_size):
+        inputs = [(c + k)[-(lm.block_size + 1):][:-1] for _, c, k in batch]
+        width = max(len(i) for i in inputs)
+        with torch.no_grad():
+            logp = before_log_probs(lm, torch.tensor([i + [0] * (width - len(i)) for i in inputs], device=lm.device))
+        for (_, _, cont), inp, lp in zip(batch, inputs, logp):
+            lp = lp[len(inp) - len(cont):len(inp)]
+            target = torch.tensor(cont, device=lm.device)
+            out.append((lp.gather(1, target[:, None]).sum().item(), bool((lp.argmax(-1) == target).all())))
+    return order.get_original(out)
+
+
+def before_generate_until(lm, requests):
+    """The generation this project had before: one request at a time, always max_gen_toks tokens."""
+    out = []
+    for context, kw in (r.args for r in requests):
+        ids = lm.tok_encode(context)[-(lm.block_size - kw['max_gen_toks']):]
+        with torch.no_grad(), lm.ctx:
+            y = lm.model.generate(torch.tensor([ids], device=lm.device), kw['max_gen_toks'], temperature=0.0)
+        out.append(lm.tok_decode(y[0, len(ids):].tolist()))
+    return out
+
+
+def run_lm_eval_memory(case):
+    """Peak memory of scoring every position of a B x T batch (the rolling-window case, the largest):
+    'before' (before_log_probs) or 'now' (NanoHFA.score), one fresh process each."""
+    torch.set_num_threads(case['threads'])
+    B, T = case['batch_size'], case['block_size']
+    lm = lm_eval_model((1, 64), T, 'cpu')
+    x = torch.randint(50257, (B, T))
+    spans = [(0, row[1:].tolist() + [0]) for row in x]  # every position predicts the next token
+    memory = StepMemory('cpu')
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        before_log_probs(lm, x) if case['which'] == 'before' else lm.score(x, spans)
+    dt = time.perf_counter() - t0
+    used, _ = memory.peak()
+    return [dict(mode='lm_eval_log_probs_memory', variant=case['which'], batch_size=B, block_size=T, vocab=50304,
+                 device='cpu', threads=case['threads'], peak_mem_bytes=used, seconds=dt,
+                 buffer_bytes=B * T * 50304 * 4, buffers=used / (B * T * 50304 * 4))]
+
+
+def lm_eval_rows(args):
+    """Requests per second of loglikelihood (multiple-choice-like: contexts of 30-200 tokens, answers of
+    1-8) and of generate_until (prompts of 10-100 tokens, max_gen_toks tokens each, no stop string
+    met), now and as before, the fastest of 3 rounds; then the peak memory of scoring a
+    --lm_eval_size batch, before and now."""
+    import random
+    from types import SimpleNamespace
+    torch.set_num_threads(args.threads)
+    quick = args.quick
+    n_layer, n_embd = (1, 64) if quick else (args.n_layer, args.n_embd)
+    T, B = (64, 4) if quick else (256, 16)
+    lm = lm_eval_model((n_layer, n_embd), T, args.device)
+    lm.batch_size = B
+    rng = random.Random(0)
+    n_ll, n_gen, n_new = (8, 4, 4) if quick else (128, 32, 32)
+    ll = [(None, [rng.randrange(50257) for _ in range(rng.randint(30, min(200, T - 8)))],
+           [rng.randrange(50257) for _ in range(rng.randint(1, 8))]) for _ in range(n_ll)]
+    prompts = [lm.tok_decode([rng.randrange(50000) for _ in range(rng.randint(10, min(100, T - n_new)))])
+               for _ in range(n_gen)]
+    gen = [SimpleNamespace(args=(p, {'until': [], 'max_gen_toks': n_new, 'do_sample': False})) for p in prompts]
+    common = dict(device=args.device, threads=args.threads, batch_size=B, block_size=T, n_layer=n_layer,
+                  n_embd=n_embd, vocab=50304)
+    cases = [('lm_eval_loglikelihood', ll, B, lambda: lm._loglikelihood_tokens(ll, disable_tqdm=True), 'now'),
+             ('lm_eval_loglikelihood', ll, B, lambda: before_loglikelihood(lm, ll), 'before'),
+             ('lm_eval_generate_until', gen, B, lambda: lm.generate_until(gen, disable_tqdm=True),
+              f'now, batches of {B}'),
+             ('lm_eval_generate_until', gen, 1, lambda: lm.generate_until(gen, disable_tqdm=True),
+              'now, one at a time'),
+             ('lm_eval_generate_until', gen, 1, lambda: before_generate_until(lm, gen), 'before')]
+    best = [float('inf')] * len(cases)
+    with torch.no_grad():
+        for r in range(1 if quick else 3):  # rounds over the cases: a load that comes and goes hits each alike
+            for i, (_, _, batch, call, _) in enumerate(cases):
+                lm.batch_size = batch
+                if r == 0:
+                    call()  # untimed: lazy set-up, caches warm
+                sync(args.device)
+                t0 = time.perf_counter()
+                call()
+                sync(args.device)
+                best[i] = min(best[i], time.perf_counter() - t0)
+    records = []
+    for (name, requests, batch, _, variant), dt in zip(cases, best):
+        records.append(dict(common, mode=name, variant=variant, requests=len(requests), seconds=dt,
+                            requests_per_s=len(requests) / dt, **({'new_tokens': n_new} if 'generate' in name else {})))
+        print(f"{name:<28}{variant:<24}{len(requests) / dt:>10.1f} requests/s", flush=True)
+    mB, mT = (2, 64) if quick else [int(v) for v in args.lm_eval_size.split(',')]
+    for which in ('before', 'now'):
+        case = dict(mode='lm_eval_memory', which=which, batch_size=mB, block_size=mT, threads=args.threads)
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), '--device=cpu', '--case', json.dumps(case)],
+                           capture_output=True, text=True, timeout=1800)
+        line = [s for s in r.stdout.splitlines() if s.startswith('RESULT ')]
+        rec = json.loads(line[0][len('RESULT '):])[0] if line else dict(
+            mode='lm_eval_log_probs_memory', variant=which, batch_size=mB, block_size=mT,
+            error=(r.stderr.strip().splitlines() or ['no result'])[-1][:200])
+        records.append(rec)
+        print(f"{'lm_eval_log_probs_memory':<28}{which:<24}" + (f"{rec['peak_mem_bytes'] / 2 ** 30:>10.2f} GiB peak "
+              f"({rec['buffers']:.2f} x the {mB} x {mT} x 50,304 float32 buffer), {rec['seconds']:.1f} s"
+              if 'error' not in rec else f"  FAILED: {rec['error']}"), flush=True)
+    return records
+
+
 def run_any(case):
+    if case['mode'] == 'lm_eval_memory':
+        return run_lm_eval_memory(case)
     if case['mode'] == 'memory':
         rec = run_memory_case(case)
         return [rec] if int(os.environ.get('RANK', 0)) == 0 else []
@@ -771,9 +914,17 @@ def main():
     g.add_argument('--shard_count', type=int, default=100)
     g.add_argument('--shard_tokens', type=int, default=1_000_000, help='tokens per shard')
     g.add_argument('--shard_batches', type=int, default=300, help='batches of 12 windows per timed round')
+    g = p.add_argument_group('--lm_eval: our lm-eval model (lm_eval_model.py)')
+    g.add_argument('--lm_eval', action='store_true',
+                   help='only the lm-eval rows: loglikelihood and generate_until requests/s, scoring memory')
+    g.add_argument('--lm_eval_size', default='16,1024',
+                   help='batch,block_size of the scoring-memory rows (vocabulary 50,304; the old path needs ~2 GB '
+                        'per 1,000 x 50,304 positions)')
     add_kernel_args(p)
     args = p.parse_args()
 
+    if args.device != 'cpu':  # a device this machine lacks: one line (errors.py), not an assertion deep in torch
+        devices.pick_device(args.device)
     if args.case:
         result = run_any(json.loads(args.case))
         if int(os.environ.get('RANK', 0)) == 0:  # under torchrun: one line, from the first process
@@ -784,6 +935,9 @@ def main():
         return
     if args.shards:
         write_records(shard_rows(args), args.out)
+        return
+    if args.lm_eval:
+        write_records(lm_eval_rows(args), args.out)
         return
     if args.step_times is not None:
         grid_step_times(args.step_times, args.rounds)

@@ -48,8 +48,8 @@ from pathlib import Path
 
 
 from errors import UserError
-from grid import (REFERENCE, as_args, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci, parse_args,
-                  plan, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
+from grid import (REFERENCE, as_args, cpu_grid, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci,
+                  parse_args, plan, plural, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
 
 ROOT = Path(__file__).resolve().parent
 TRAIN = ROOT / 'train.py'
@@ -286,18 +286,22 @@ def dry_run(args, variants, seeds):
     per_variant, total = grid_budget(args, variants, seeds)
     slots = gpu_slots(args)
     runs = grid_runs(args, variants, seeds)
-    print(f"\n{len(runs)} runs ({len(variants)} variants x {seed_text(variants, seeds)}); budgets at an assumed "
-          f"{args.est_mfu:.0%} MFU of {args.est_gpu}'s dense bf16 peak (--est_mfu, --est_gpu)")
+    cpu = cpu_grid(args, variants)  # on CPU cores: tokens and FLOPs, no GPU time
+    print(f"\n{plural(len(runs), 'run')} ({plural(len(variants), 'variant')} x {seed_text(variants, seeds)}); "
+          + ("a CPU grid (device='cpu'): tokens and FLOPs, no GPU time" if cpu else
+             f"budgets at an assumed {args.est_mfu:.0%} MFU of {args.est_gpu}'s dense bf16 peak (--est_mfu, --est_gpu)"))
     for i, (v, s, run_dir, state) in enumerate(runs):
         b = per_variant[v['variant']]
         gpus = f"CUDA_VISIBLE_DEVICES={slots[i]} " if args.gpus and i < len(slots) else \
             'CUDA_VISIBLE_DEVICES=<next free> ' if args.gpus else ''
-        print(f"\n{v['variant']} seed {s} [{state}]: {tokens_text(b['tokens'])} tokens, {b['flops']:.2e} FLOPs, "
-              f"{gpu_time_text(b['gpu_hours'])}\n  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
-    print(f"\ntotal: {tokens_text(total['tokens'])} tokens, {total['flops']:.2e} FLOPs, "
-          f"{gpu_time_text(total['gpu_hours'])}; {gpu_time_text(total['wall_hours'], unit='')} of wall time with "
-          f"{total['slots']} run{'s' * (total['slots'] > 1)} at a time"
-          + (f" on {args.nproc} GPU{'s' * (args.nproc > 1)} each" if args.gpus else ''))
+        print(f"\n{v['variant']} seed {s} [{state}]: {tokens_text(b['tokens'])} tokens, {b['flops']:.2e} FLOPs"
+              f"{'' if cpu else ', ' + gpu_time_text(b['gpu_hours'])}\n"
+              f"  {gpus}{' '.join(train_command(args, v, s, run_dir, state))}")
+    print(f"\ntotal: {tokens_text(total['tokens'])} tokens, {total['flops']:.2e} FLOPs"
+          + (f"; {plural(total['slots'], 'run')} at a time on CPU cores (--jobs)" if cpu else
+             f", {gpu_time_text(total['gpu_hours'])}; {gpu_time_text(total['wall_hours'], unit='')} of wall time "
+             f"with {plural(total['slots'], 'run')} at a time"
+             + (f" on {plural(args.nproc, 'GPU')} each" if args.gpus else '')))
     print(grid_budget_line(args, variants, seeds))
 
 
@@ -457,7 +461,8 @@ def write_outputs(out, rows, table):
     out.mkdir(parents=True, exist_ok=True)
     (out / 'results.json').write_text(json.dumps(rows, indent=1))
     (out / 'results.md').write_text(table + '\n')
-    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds', 'config')] if rows else []
+    flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds', 'config', 'eval_failed')] \
+        if rows else []
     with open(out / 'results.csv', 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=flat + ['n_failed'], extrasaction='ignore')
         w.writeheader()
@@ -531,6 +536,9 @@ def main(argv=None):
     if slurm and args.status:
         slurm.print_status(args, variants, seeds)
         return 0
+    if args.eval_tasks:  # task names and model arguments checked before any run trains
+        import lm_eval_tasks
+        lm_eval_tasks.check_request(args)
     t0 = time.time()
     if slurm and not args.collect_only:
         outcomes = slurm.launch(args, variants, seeds, sys.argv[1:] if argv is None else argv)
@@ -544,23 +552,24 @@ def main(argv=None):
         return 0
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)
-    if args.eval_tasks:  # lm-eval's tasks on every finished run: a second table, its numbers added to rows
-        import lm_eval_model
-        table += '\n\n' + lm_eval_model.grid_table(args, rows)
     out = Path(args.out)
     lost = dropped_runs(out, rows, variants)
     if lost and not args.overwrite:
         raise UserError(f"{out / 'results.json'} holds {len(lost)} finished run(s) this summary would drop "
                         f"({'; '.join(lost[:3])}{'; ...' if len(lost) > 3 else ''}); nothing written: rerun with "
                         f"the grid's own arguments, or add --overwrite to replace it")
-    write_outputs(out, rows, table)
+    write_outputs(out, rows, table)  # the grid's summary first: an evaluation that fails cannot take it with it
     title = f"validation loss, mean over {len(seeds)} seeds (band: min..max); matched: {args.match}"
     for path in [out / 'compare.png'] + ([args.plot] if args.plot else []):
         plot(rows, path, title)
+    if args.eval_tasks:  # lm-eval's tasks on every finished run: a second table, its numbers added to rows
+        import lm_eval_tasks
+        table += '\n\n' + lm_eval_tasks.grid_table(args, rows)
+        write_outputs(out, rows, table)
     print(table)
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'compare.png'}; "
           f"grid wall time {time.time() - t0:.0f} s")
-    return 1 if any(r['failed'] for r in rows) else 0
+    return 1 if any(r['failed'] or r.get('eval_failed') for r in rows) else 0
 
 
 if __name__ == '__main__':

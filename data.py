@@ -216,7 +216,7 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_
         raise UserError(f"vocabulary of {enc.vocab_size} does not fit uint16 token files")
     splits = split_documents(ds, val_fraction)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {**enc.meta(), 'source': str(source)}
+    meta = {**enc.meta(), 'source': str(source), 'val_bytes': text_bytes(splits['val'])}  # val_bytes: bits per byte
     if shard_tokens:
         write_shards(out, splits, enc, shard_tokens, num_proc, meta, plan, progress if resuming else {'plan': plan})
     else:
@@ -295,6 +295,11 @@ def summary(folder):
     device = ' --device=cuda' if torch.cuda.is_available() else ''
     lines = [f"  {k:<10} {v}" for k, v in rows]
     return '\n'.join(lines + [f"next: python train.py config/cpu_sa.py {where}{device}"])
+
+
+def text_bytes(ds):
+    """UTF-8 bytes of the documents' text: what a split's tokens stand for (bits per byte, lm_eval_tasks.py)."""
+    return sum(len(t.encode('utf-8')) for batch in ds.iter(batch_size=4096) for t in batch['text'])
 
 
 def encode(enc, text):
@@ -420,14 +425,27 @@ def split_tokens(folder, split, block_size):
                         f"llm.c's and modded-nanogpt's downloads hold the held-out shard as "
                         f"fineweb_{split}_000000.bin: fetch it too, or prepare the data again")
     if tokens is None:
-        raise UserError(f"{folder / f'{split}.bin'} not found; prepare the data first, e.g. "
-                        f"`python prepare_shakespeare.py` or `python prepare_openwebtext.py --source=... --name={folder.name}` (or give a folder of "
-                        f"shards: {split}_*.bin, *_{split}_*.bin)")
+        raise UserError(f"{folder / f'{split}.bin'} not found; prepare the data first: {prepare_hint(folder)}; a split "
+                        f"is {split}.bin or its shards, {split}_*.bin or *_{split}_*.bin")
     if len(tokens) <= block_size + 1:
         where = tokens.files[0] if len(tokens.files) == 1 else f"{folder}'s {len(tokens.files)} {split} shards"
         raise UserError(f"{where} has {len(tokens)} tokens, not enough for block_size={block_size}; "
                         f"lower block_size or prepare more data")
     return tokens
+
+
+def prepare_hint(folder):
+    """The command that writes a missing dataset folder, or where its shards come from."""
+    name = Path(folder).name
+    if name.startswith('fineweb'):
+        return (f"fetch FineWeb's GPT-2 shards with modded-nanogpt's data/cached_fineweb10B.py (or write them with "
+                f"llm.c's dev/data/fineweb.py) and put or link their folder at {folder}, as docs/data.md says")
+    corpus = name.removesuffix('_char')
+    if corpus in GUTENBERG:
+        return f"`python prepare_shakespeare.py{f' --corpus={corpus}' * (corpus != 'shakespeare')}`"
+    if name == 'openwebtext':
+        return "`python prepare_openwebtext.py`, OpenWebText from the Hub"
+    return f"`python prepare_openwebtext.py --source=... --name={name}` for a text, JSONL or parquet source of your own (docs/data.md)"
 
 
 open_split = shards.agreed(split_tokens)  # under torchrun: one process's failure stops every process

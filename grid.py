@@ -186,10 +186,14 @@ def parse_args(argv, description=''):
     p.add_argument('--est_gpu', default='H100', help="GPU of the --dry_run estimates (hardware.py's table)")
     p.add_argument('--est_mfu', type=float, default=0.30, help='MFU assumed by the --dry_run estimates')
     p.add_argument('--plot', default='', help='also save the plot here (always OUT/compare.png)')
-    p.add_argument('--eval_tasks', default='', help='lm-eval tasks run on every finished run, a table of their '
-                                                     'metrics over seeds (lm_eval_model.py, docs/evaluation.md)')
+    p.add_argument('--eval_tasks', default='', help='lm-eval tasks, tags or groups run on every finished run, a '
+                                                     'table of their metrics over seeds (lm_eval_tasks.py, '
+                                                     'docs/evaluation.md)')
     p.add_argument('--eval_include_path', default='', help='a folder of extra lm-eval task YAMLs')
     p.add_argument('--eval_limit', type=int, default=None, help='documents per lm-eval task (default: all)')
+    p.add_argument('--eval_model_args', default='',
+                   help="the model's settings for --eval_tasks, KEY=VALUE,...: eval.py's batch_size, device, dtype, "
+                        "kernel, meta, max_gen_toks, unknown_chars (e.g. batch_size=32,unknown_chars=drop)")
     # on a SLURM cluster (slurm.py): one job per run, submitted through submitit
     p.add_argument('--launcher', choices=('local', 'slurm'), default='local',
                    help='local: train here; slurm: submit every unfinished run as a SLURM job and return')
@@ -238,6 +242,8 @@ def parse_args(argv, description=''):
         p.error('--nproc and --match_multiple must be >= 1')
     if args.gpus and len(args.gpus) % args.nproc:
         p.error(f"--gpus names {len(args.gpus)} GPUs, not a multiple of --nproc {args.nproc}")
+    if (args.eval_include_path or args.eval_limit or args.eval_model_args) and not args.eval_tasks:
+        p.error('--eval_include_path, --eval_limit and --eval_model_args need --eval_tasks')
     slurm_set = [a.dest for a in p._actions if a.dest.startswith('slurm_') or a.dest in ('wait', 'status')
                  if getattr(args, a.dest) != a.default]
     if args.launcher != 'slurm' and slurm_set:
@@ -266,10 +272,19 @@ def seeds_of(v, seeds):
     return parse_list(','.join(map(str, own)) if isinstance(own, (list, tuple)) else str(own), 'seeds=')
 
 
+def plural(n, word):
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def seed_text(variants, seeds):
     if any(v.get('seeds') is not None for v in variants):
         return 'their own seeds'
-    return f'{len(seeds)} seeds'
+    return plural(len(seeds), 'seed')
+
+
+def cpu_grid(args, variants):
+    """Every run on this machine's CPU (device='cpu', no --gpus, not on SLURM): no GPU time to estimate."""
+    return not args.gpus and args.launcher == 'local' and all(v['cfg']['device'] == 'cpu' for v in variants)
 
 
 def gpu_slots(args):
@@ -349,11 +364,15 @@ def grid_budget(args, variants, seeds):
 
 def grid_budget_line(args, variants, seeds):
     per_variant, t = grid_budget(args, variants, seeds)
+    what = (f"# Grid budget: {plural(t['runs'], 'run')} ({plural(len(variants), 'variant')} x "
+            f"{seed_text(variants, seeds)}), {tokens_text(t['tokens'], 1)} tokens, {t['flops']:.2e} FLOPs")
+    if cpu_grid(args, variants):
+        return (f"{what}; a CPU grid (device='cpu'), {plural(t['slots'], 'run')} at a time (--jobs): no GPU time "
+                f"to estimate (bench.py --step_times measures its seconds per step)")
     gpus = len(args.gpus) if args.gpus else args.nproc * t['slots']
     wall = f"{t['wall_hours']:,.1f} h" if t['wall_hours'] >= 0.1 else gpu_time_text(t['wall_hours'], unit='')
-    return (f"# Grid budget: {t['runs']} runs ({len(variants)} variants x {seed_text(variants, seeds)}), "
-            f"{tokens_text(t['tokens'], 1)} tokens, {t['flops']:.2e} FLOPs, {gpu_time_text(t['gpu_hours'], 0)} on "
-            f"{args.est_gpu} at {args.est_mfu:.0%} MFU = {wall} on {gpus} GPUs")
+    return (f"{what}, {gpu_time_text(t['gpu_hours'], 0)} on {args.est_gpu} at {args.est_mfu:.0%} MFU = {wall} on "
+            f"{plural(gpus, 'GPU')}")
 
 
 

@@ -12,23 +12,35 @@ through tiktoken); `meta=` reads a nanoGPT checkpoint's, as sample.py's --meta.
 
 How each request type is computed (lm-eval's rules, through its own helpers):
 - loglikelihood: context + continuation in one forward; the continuation's log-probability and
-  whether every one of its tokens is the argmax. Longer than block_size + 1 tokens, the input is
-  cut from the left (the context loses its start), as lm-eval's HF model does; a note says how
-  many were cut. Requests are sorted by length and batched (right padding: causal models).
+  whether every one of its tokens is the argmax. Only the positions that predict a continuation
+  go through lm_head, in float32: one (positions x vocabulary) buffer, normalised in place, and
+  one copy to the host per batch. Longer than block_size + 1 tokens, the input is cut from the
+  left (the context loses its start), as lm-eval's HF model does; a note says how many were cut.
+  Requests are sorted by length and batched (right padding: causal models).
 - loglikelihood_rolling: a document in windows of block_size predicted tokens
   (lm_eval.utils.get_rolling_token_windows, context_len=1): disjoint windows, every token
   predicted once, the first from the end-of-text token, the last window given a full context.
-- generate_until: the model's own KV-cache decoding (GPT.generate, as sample.py), cut at the first
-  stop string (the task's `until`, plus end-of-text for GPT-2); greedy unless the task asks to
-  sample (do_sample, temperature, top_k). The context keeps its last block_size - max_gen_toks tokens.
+- generate_until: batched as lm-eval's HF model batches (requests with the same generation
+  settings, longest first), each row its own tokens at its own positions (no padding: past the
+  shortest prompt, a row still in its prompt is fed its next prompt token; a batch is cut where
+  its prompts differ by more than max_gen_toks), with the KV cache; a row stops at any of the
+  task's `until` strings or at end-of-text (GPT-2), the batch when every row has or after
+  max_gen_toks tokens. Greedy unless the task samples: do_sample, temperature,
+  top_k and top_p as Hugging Face's generate reads them (its defaults temperature 1, top_k 50,
+  top_p 1; transformers' own logits warpers). The context keeps its last block_size -
+  max_gen_toks tokens (the HF model's rule); a task asking for max_gen_toks >= block_size keeps
+  its last block_size tokens and each new token is predicted from the last block_size (the
+  window slides, as sample.py past block_size), with a note.
+- Under torchrun (`torchrun --nproc_per_node=N eval.py ...`) the model joins the process group
+  (gloo on CPU, NCCL on CUDA) and reports its rank and world size: lm-eval gives each process
+  every N-th document and gathers the metrics on rank 0 (the protocol of its own models).
 A character model has no end-of-text token: the newline stands in for it (where a document
-starts, and the dummy first context of rolling windows).
+starts, and the dummy first context of rolling windows). unknown_chars=drop leaves characters
+outside its vocabulary out of prompts and contexts only: a scored text (a choice, a document)
+that holds one is refused, since its log-likelihood would cover fewer characters than the
+lengths, bytes and words lm-eval divides by (and an all-unknown choice would score 0 and win).
 """
 
-import difflib
-import functools
-import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -49,14 +61,20 @@ from lm_eval.api.model import TemplateLM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 from lm_eval.models.utils import (Collator, handle_stop_sequences, normalize_gen_kwargs,  # noqa: E402
                                   postprocess_generated_text)
-from lm_eval.tasks import TaskManager  # noqa: E402
-from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, make_disjoint_window  # noqa: E402
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import checkpoint  # noqa: E402
 import devices  # noqa: E402
 import tokenizer as tok  # noqa: E402
 from errors import UserError  # noqa: E402
+from model import KVCache  # noqa: E402
+
+# the model arguments a user gives (eval.py's flags, compare.py --eval_model_args), with their defaults
+MODEL_ARGS = {'meta': '', 'kernel': '', 'device': 'auto', 'dtype': 'auto', 'batch_size': 16, 'max_gen_toks': 256,
+              'unknown_chars': 'error'}
+UNKNOWN_CHARS_FIX = ("unknown_chars=drop (eval.py --unknown_chars=drop; compare.py --eval_model_args="
+                     "unknown_chars=drop) leaves them out of prompts and contexts")
 
 
 def load(path, meta='', kernel=''):
@@ -67,11 +85,29 @@ def load(path, meta='', kernel=''):
     elif p.is_dir() and not (p / 'config.json').is_file():
         raise UserError(f"{path} holds no ckpt.pt (nor a Hugging Face config.json); train first, or give the "
                         f"out_dir of a finished run")
+    elif not p.exists() and str(path) not in checkpoint.GPT2_NAMES:
+        raise UserError(f"no checkpoint at {path}: give the out_dir of a training run (its ckpt.pt), a checkpoint "
+                        f"file, or GPT-2's weights ({', '.join(checkpoint.GPT2_NAMES)}, or a save_pretrained folder)")
     if checkpoint.init_kind(str(p), ('gpt2', 'file')) == 'gpt2':
         return checkpoint.load_gpt2(str(p)), tok.GPT2Tokenizer(), p
     ckpt = checkpoint.load_checkpoint(p)
     model = checkpoint.model_from_checkpoint(ckpt, p, dropout=0.0, **({'kernel': kernel} if kernel else {}))
     return model, tok.from_meta(checkpoint.checkpoint_meta(ckpt, p, meta)), p
+
+
+def join_processes(device):
+    """(rank, world size, device): under torchrun, the process group (NCCL for CUDA, else gloo),
+    joined here unless the caller has, and this process's own GPU; one process: (0, 1, device)."""
+    if int(os.environ.get('WORLD_SIZE', '1')) <= 1:
+        return 0, 1, device
+    import torch.distributed as dist
+    if device == 'cuda':
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if device.startswith('cuda'):
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 @register_model('nanohfa')
@@ -80,22 +116,48 @@ class NanoHFA(TemplateLM):
                  batch_size=16, max_batch_size=None, max_gen_toks=256, unknown_chars='error', **unknown):
         super().__init__()
         if unknown:
-            raise UserError(f"unknown model_args {', '.join(unknown)} for the nanohfa model; valid: path, meta, "
-                            f"kernel, device, dtype, batch_size, max_gen_toks, unknown_chars")
+            raise UserError(f"unknown model_args {', '.join(unknown)} for the nanohfa model; valid: path, "
+                            f"{', '.join(MODEL_ARGS)}")
+        if unknown_chars not in ('error', 'drop'):
+            raise UserError(f"unknown_chars={unknown_chars!r}; valid: error, drop")
+        self._rank, self._world_size, device = join_processes(devices.pick_device(device or 'auto'))
         if model is None:
             model, enc, path = load(path, meta, kernel)
         if not model.config.causal:
             raise UserError(f"{path} is a non-causal model (causal=False): it sees the tokens it predicts, so "
                             f"its log-likelihoods mean nothing; evaluate a causal (language) model")
-        if unknown_chars not in ('error', 'drop'):
-            raise UserError(f"unknown_chars={unknown_chars!r}; valid: error, drop")
-        self._device = devices.pick_device(device or 'auto')
+        self._device = device
         self.dtype, self.ctx = devices.pick_dtype(dtype, self._device)
         self.model, self.enc, self.path = model.eval().to(self._device), enc, str(path)
         self.block_size = model.config.block_size
         self.batch_size = 16 if batch_size in (None, 'auto') or str(batch_size).startswith('auto') else int(batch_size)
         self.max_gen_toks, self.unknown_chars = int(max_gen_toks), unknown_chars
         self.truncated = 0  # loglikelihood requests cut from the left to fit block_size
+        self.slid = 0       # generation requests of max_gen_toks >= block_size (their window slid)
+
+    # -------------------------------------------------------------------------
+    # processes: lm-eval's protocol (rank, world_size, all_gather, gather_object, barrier)
+
+    def all_gather(self, tensor):
+        if self.world_size == 1:
+            return tensor
+        import torch.distributed as dist
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj, dst=0):
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+        parts = [None] * self.world_size
+        dist.all_gather_object(parts, obj)  # the object collective both gloo and NCCL have
+        return parts if self.rank == dst else None
+
+    def barrier(self):
+        if self.world_size > 1:
+            import torch.distributed as dist
+            dist.barrier()
 
     # -------------------------------------------------------------------------
     # tokens
@@ -120,27 +182,70 @@ class NanoHFA(TemplateLM):
         try:
             return self.enc.encode(string)
         except UserError as e:  # a character the model never saw cannot be scored
-            raise UserError(f"{e} (the task's text has them); unknown_chars=drop (eval.py "
-                            f"--unknown_chars=drop) scores the text without them") from None
+            raise UserError(f"{e} (the task's text has them); {UNKNOWN_CHARS_FIX}") from None
 
     def tok_decode(self, ids):
         return self.enc.decode(ids)
 
+    def check_scored(self, texts):
+        """unknown_chars=drop: a text to be scored (a choice, a document) must hold no character the
+        model lacks: dropping one would leave its log-likelihood over fewer characters than the
+        lengths, bytes and words lm-eval divides by."""
+        if self.enc.name != 'char' or self.unknown_chars != 'drop':
+            return
+        unknown = sorted(set(''.join(texts)) - self.enc.stoi.keys())
+        if unknown:
+            raise UserError(f"characters {''.join(unknown)!r} are in a text this task scores (a choice or a "
+                            f"document), not only in its prompts: unknown_chars=drop would score that text without "
+                            f"them against lm-eval's byte, word and length counts of the whole (bits per byte too "
+                            f"good, an all-unknown choice winning); evaluate this task with a model whose "
+                            f"vocabulary holds them (GPT-2's BPE)")
+
     # -------------------------------------------------------------------------
     # scoring
 
+    def hidden(self, x):
+        """The final layer norm's output at every position of x (B, T, C): the model's own forward
+        (which applies lm_head to the last position alone)."""
+        seen = []
+        hook = self.model.transformer.ln_f.register_forward_hook(lambda module, args, out: seen.append(out))
+        try:
+            with self.ctx:
+                self.model(x)
+        finally:
+            hook.remove()
+        return seen[0]
+
     @torch.no_grad()
-    def log_probs(self, x):
-        """Log-probabilities of the next token at every position of x (B, T), in float32."""
-        with self.ctx:  # targets make forward return every position's logits (its loss is not used)
-            logits, _ = self.model(x, targets=x)
-        return F.log_softmax(logits.float(), dim=-1)
+    def score(self, x, spans):
+        """[(log p(targets), every target the argmax)] for each row of x (B, T), its span (start,
+        targets): targets[j] predicted at position start + j. Only those positions go through lm_head,
+        in float32: one (targets x vocabulary) buffer, normalised in place; one copy to the host."""
+        rows = [b for b, (_, targets) in enumerate(spans) for _ in targets]
+        cols = [start + j for start, targets in spans for j in range(len(targets))]
+        target = torch.tensor([t for _, targets in spans for t in targets], device=x.device)
+        h = self.hidden(x)[torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device)]
+        logits = F.linear(h.float(), self.model.lm_head.weight.float())  # the one buffer
+        picked = logits.gather(1, target[:, None]).squeeze(1)
+        greedy = logits.argmax(1) == target
+        top = logits.amax(1, keepdim=True)
+        logp = picked - logits.sub_(top).exp_().sum(1).log_() - top.squeeze(1)  # log-softmax, in place
+        longest = max(len(targets) for _, targets in spans)
+        mask = torch.tensor([[j < len(targets) for j in range(longest)] for _, targets in spans], device=x.device)
+        sums = torch.zeros(mask.shape, device=x.device).masked_scatter_(mask, logp).sum(1)  # per row, in order
+        misses = torch.zeros(mask.shape, device=x.device).masked_scatter_(mask, (~greedy).float()).sum(1)
+        sums, misses = torch.stack([sums, misses]).tolist()
+        return [(s, m == 0) for s, m in zip(sums, misses)]
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        self.check_scored([r.args[1] for r in requests])
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
         """[(logprob, is_greedy)] of each ((context, continuation), context ids, continuation ids)."""
         order = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         out = []
-        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood requests")
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood requests")
         for batch in order.get_batched(n=self.batch_size):
             longest = max(len(k) for _, _, k in batch)
             if longest > self.block_size:  # nothing left of the context to cut: it cannot be scored
@@ -151,21 +256,20 @@ class NanoHFA(TemplateLM):
             self.truncated += sum(len(c) + len(k) > self.block_size + 1 for _, c, k in batch)
             width = max(len(i) for i in inputs)
             x = torch.tensor([i + [0] * (width - len(i)) for i in inputs], device=self.device)
-            logp = self.log_probs(x)
-            for (key, _, cont), inp, lp in zip(batch, inputs, logp):
-                lp = lp[len(inp) - len(cont):len(inp)]  # the positions that predict the continuation
-                target = torch.tensor(cont, device=self.device)
-                answer = (lp.gather(1, target[:, None]).sum().item(), bool((lp.argmax(-1) == target).all()))
+            answers = self.score(x, [(len(i) - len(k), k) for i, (_, _, k) in zip(inputs, batch)])
+            for (key, _, _), answer in zip(batch, answers):
                 if key is not None:
                     self.cache_hook.add_partial('loglikelihood', key, answer)
-                out.append(answer)
+            out += answers
             bar.update(len(batch))
         bar.close()
         return order.get_original(out)
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        self.check_scored([r.args[0] for r in requests])
         windows, owner = [], []
-        for n, (text,) in enumerate(tqdm([r.args for r in requests], disable=disable_tqdm, desc="rolling windows")):
+        for n, (text,) in enumerate(tqdm([r.args for r in requests], disable=disable_tqdm or self.rank != 0,
+                                         desc="rolling windows")):
             for context, pred in map(make_disjoint_window, get_rolling_token_windows(
                     token_list=self.tok_encode(text), prefix_token=self.eot_token_id,
                     max_seq_len=self.block_size, context_len=1)):
@@ -181,25 +285,108 @@ class NanoHFA(TemplateLM):
     # -------------------------------------------------------------------------
     # generation
 
-    @torch.no_grad()
     def generate_until(self, requests, disable_tqdm=False):
-        eos = self.enc.decode([self.enc.eot]) if self.enc.name == 'gpt2' else None
+        order = Collator([r.args for r in requests], sort_fn=lambda r: (-len(self.tok_encode(r[0])), r[0]),
+                         group_by='gen_kwargs', group_fn=lambda r: r[1])
         out = []
-        for context, gen_kwargs in tqdm([r.args for r in requests], disable=disable_tqdm, desc="generate_until"):
-            kw = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
-            until, n_new = handle_stop_sequences(kw.pop('until', None), eos=eos), kw.pop('max_gen_toks')
-            if n_new >= self.block_size:
-                raise UserError(f"the task asks for max_gen_toks={n_new} tokens, not fewer than this model's "
-                                f"block_size={self.block_size}; give a smaller max_gen_toks (--gen_kwargs)")
-            ids = self.tok_encode(context)[-(self.block_size - n_new):] or [self.eot_token_id]
-            temperature = kw.get('temperature', 0.0) if kw.get('do_sample') else 0.0
-            x = torch.tensor([ids], device=self.device)
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="generate_until")
+        for batch in order.get_batched(n=self.batch_size):
+            for part in self.similar_lengths(batch):
+                texts = self.generate(*zip(*part))
+                for (context, gen_kwargs), text in zip(part, texts):
+                    self.cache_hook.add_partial('generate_until', (context, gen_kwargs), text)
+                out += texts
+                bar.update(len(part))
+        bar.close()
+        return order.get_original(out)
+
+    def similar_lengths(self, batch):
+        """A batch (longest prompt first) cut where a prompt is shorter than the first of its part by more
+        than max_gen_toks: a row is fed its prompt a token a step while a shorter one generates, so a part
+        takes at most twice the steps of its generation."""
+        n_new = normalize_gen_kwargs(batch[0][1], self.max_gen_toks)['max_gen_toks']
+        parts = []
+        for request in batch:
+            length = len(self.tok_encode(request[0]))
+            if not parts or parts[-1][0] - length > n_new:
+                parts.append((length, []))
+            parts[-1][1].append(request)
+        return [part for _, part in parts]
+
+    def generate(self, contexts, all_gen_kwargs):
+        """The generated text of each context, under the one generation setting all share."""
+        kw = normalize_gen_kwargs(all_gen_kwargs[0], self.max_gen_toks)
+        until = handle_stop_sequences(kw.pop('until', None), eos=self.tok_decode([self.eot_token_id])
+                                      if self.enc.name == 'gpt2' else None)
+        n_new = kw.pop('max_gen_toks')
+        sampler = self.sampler(kw)
+        if n_new >= self.block_size:
+            self.slid += len(contexts)
+        room = self.block_size - n_new if n_new < self.block_size else self.block_size
+        prompts = [self.tok_encode(c)[-room:] or [self.eot_token_id] for c in contexts]
+        return [postprocess_generated_text(self.tok_decode(ids), until, None)
+                for ids in self.continue_rows(prompts, n_new, until, sampler)]
+
+    @staticmethod
+    def sampler(kw):
+        """None (greedy), or the logits warpers of Hugging Face's generate for do_sample, temperature,
+        top_k and top_p, in its order and with its defaults; any other setting is refused."""
+        other = {k: v for k, v in kw.items() if k not in ('do_sample', 'temperature', 'top_k', 'top_p')
+                 and not (k == 'num_beams' and v == 1)}
+        if other:
+            raise UserError(f"the task's generation settings {other} are not supported by the nanohfa model (it "
+                            f"decodes greedily or samples with temperature, top_k and top_p)")
+        if not kw.get('do_sample'):
+            return None
+        temperature = float(kw.get('temperature', 1.0))
+        top_k, top_p = kw.get('top_k', 50), float(kw.get('top_p', 1.0))
+        if temperature <= 0:
+            raise UserError(f"the task asks to sample (do_sample=True) at temperature={temperature}; a sampling "
+                            f"temperature must be > 0 (or do_sample=False for greedy decoding), as in "
+                            f"Hugging Face's generate")
+        from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                            TopKLogitsWarper, TopPLogitsWarper)
+        return LogitsProcessorList(([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else [])
+                                   + ([TopKLogitsWarper(int(top_k))] if top_k else [])
+                                   + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []))
+
+    @torch.no_grad()
+    def continue_rows(self, prompts, n_new, until, sampler):
+        """The new token ids of each prompt, decoded together. Every row holds its own tokens at its own
+        positions: the shortest prompts start generating while a longer one is still fed its prompt,
+        one token a step, so no row is padded and each sees what it would alone. A row stops at a
+        stop string or end-of-text; past block_size tokens each is predicted from the last block_size."""
+        T, B = self.block_size, len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        start, end = min(len(p) for p in prompts), max(len(p) for p in prompts) + n_new
+        seq = torch.tensor([p + [0] * (end - len(p)) for p in prompts], device=self.device)
+        eot = self.enc.eot if self.enc.name == 'gpt2' else None
+        look = 4 * max((len(s) for s in until), default=0) + 8  # tokens enough to hold any stop string
+        new, done = [[] for _ in prompts], [False] * B
+        cache = KVCache(self.model.config.n_layer)
+        with self.ctx:
+            logits, _ = self.model(seq[:, :start], cache=cache)
+        pos = start  # the position whose token is chosen now
+        while True:
+            scores = logits[:, -1, :].float()
+            token = scores.argmax(-1) if sampler is None else \
+                torch.multinomial(F.softmax(sampler(None, scores), dim=-1), 1).squeeze(1)
+            seq[:, pos] = torch.where(lengths > pos, seq[:, pos], token)  # a row still in its prompt keeps it
+            chosen = token.tolist()
+            for i in range(B):
+                if done[i] or len(prompts[i]) > pos:
+                    continue
+                new[i].append(chosen[i])
+                done[i] = len(new[i]) >= n_new or chosen[i] == eot or (
+                    any(s and s in self.tok_decode(new[i][-look:]) for s in until))
+            if all(done):
+                return new
+            pos += 1
             with self.ctx:
-                y = self.model.generate(x, n_new, temperature=temperature, top_k=kw.get('top_k') or None)
-            text = postprocess_generated_text(self.enc.decode(y[0, len(ids):].tolist()), until, None)
-            self.cache_hook.add_partial('generate_until', (context, gen_kwargs), text)
-            out.append(text)
-        return out
+                if pos <= T:  # the sequence fits: one more token through the cache
+                    logits, _ = self.model(seq[:, pos - 1:pos], cache=cache)
+                else:  # past block_size: the last block_size tokens, recomputed
+                    logits, _ = self.model(seq[:, pos - T:pos])
 
     def get_model_info(self):
         return {'path': self.path, 'params': self.model.get_num_params(), 'attention': self.model.config.attention,
@@ -207,170 +394,17 @@ class NanoHFA(TemplateLM):
                 'dtype': self.dtype}
 
 
-def note_truncated(lm):
-    """One line on stderr, if any context was longer than block_size."""
-    if lm.truncated:
-        print(f"note: {lm.truncated} request(s) longer than block_size={lm.block_size} tokens were cut from the "
+def note_cuts(lm):
+    """One line on stderr for each kind of cut the requests needed (counted over every process);
+    a collective under torchrun: every process calls it."""
+    counts = torch.tensor([lm.truncated, lm.slid], device=lm.device)
+    truncated, slid = (lm.all_gather(counts).view(-1, 2).sum(0) if lm.world_size > 1 else counts).tolist()
+    if lm.rank:
+        return
+    if truncated:
+        print(f"note: {truncated} request(s) longer than block_size={lm.block_size} tokens were cut from the "
               f"left (their context's start), as lm-eval's HF model does", file=sys.stderr)
-
-
-# -----------------------------------------------------------------------------
-# running tasks: eval.py's command, and compare.py --eval_tasks on every run of a grid
-
-RESULTS = 'lm_eval_results.json'  # beside the checkpoint
-
-
-@functools.lru_cache
-def task_manager(include_path='', defaults=True):
-    """lm-eval's index of tasks: include_path's YAMLs, and its own (thousands: seconds) if defaults."""
-    return TaskManager(include_path=include_path or None, include_defaults=defaults)
-
-
-def task_list(tasks, include_path=''):
-    """(task names, a TaskManager that knows them all); lm-eval's own tasks are indexed only when
-    include_path lacks one. A name lm-eval does not know (task, group or tag): a one-line refusal."""
-    names = [t.strip() for t in tasks.split(',') if t.strip()] if isinstance(tasks, str) else list(tasks)
-    if include_path and names and set(names) <= set(task_manager(str(include_path), False).all_tasks):
-        return names, task_manager(str(include_path), False)
-    manager = task_manager(str(include_path or ''), True)
-    unknown = [t for t in names if t not in manager.all_tasks]
-    if not names or unknown:
-        near = {t: difflib.get_close_matches(t, manager.all_tasks, n=3) for t in unknown}
-        hints = '; '.join(f"{t}: did you mean {', '.join(m)}?" for t, m in near.items() if m)
-        raise UserError(f"unknown lm-eval task(s) {', '.join(unknown) or '(none given)'}"
-                        + (f" ({hints})" if hints else '')
-                        + "; `python -m lm_eval ls tasks` lists them, --include_path DIR adds a folder of task YAMLs")
-    return names, manager
-
-
-def evaluate(path, tasks, include_path='', limit=None, num_fewshot=None, bar=True, **model_args):
-    """lm-eval's results dict for the checkpoint at `path` on `tasks` (names or 'a,b,c'); the
-    request is recorded in it under 'nanohfa' (what compare.py checks before reusing it)."""
-    lm = NanoHFA(path=path, **model_args)  # first: a bad checkpoint is told in a second, tasks may take longer
-    names, manager = task_list(tasks, include_path)
-    try:
-        results = lm_eval.simple_evaluate(model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit,
-                                          task_manager=manager, log_samples=False,
-                                          verbosity='WARNING' if bar else 'ERROR')
-    except (OSError, ConnectionError) as e:  # a task's data not in the local cache, offline
-        raise UserError(f"a task's data could not be loaded ({hub.first_line(e)})" + (
-            "; offline: put its dataset in the local datasets cache (HF_DATASETS_CACHE), or give a folder of "
-            "local task YAMLs with --include_path (docs/evaluation.md)" if hub.offline_now() else ''))
-    note_truncated(lm)
-    results['nanohfa'] = request_record(lm.path, names, include_path, limit, num_fewshot)
-    return results
-
-
-def request_record(path, names, include_path, limit, num_fewshot):
-    p = Path(path)
-    return {'checkpoint': str(p), 'checkpoint_mtime': p.stat().st_mtime if p.is_file() else None,
-            'tasks': list(names), 'include_path': str(include_path or ''), 'limit': limit, 'num_fewshot': num_fewshot}
-
-
-def write_results(results, path):
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(results, indent=1, default=handle_non_serializable))
-
-
-def cached_results(run_dir, names, include_path, limit, num_fewshot):
-    """The run's saved results if they answer this very request (same checkpoint, same tasks)."""
-    path = Path(run_dir) / RESULTS
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    want = request_record(Path(run_dir) / 'ckpt.pt', names, include_path, limit, num_fewshot)
-    return saved if saved.get('nanohfa') == want else None
-
-
-# the one number per task in the table: the first of these it reports
-HEADLINE = ('acc_norm', 'acc', 'exact_match', 'bits_per_byte', 'perplexity', 'word_perplexity')
-
-
-def headline(task_results):
-    """(metric, value) the table shows for one task's results."""
-    for m in HEADLINE:
-        if isinstance(task_results.get(f'{m},none'), (int, float)):
-            return m, float(task_results[f'{m},none'])
-    found = [(k.split(',')[0], v) for k, v in task_results.items()
-             if isinstance(v, (int, float)) and ',' in k and '_stderr' not in k]
-    return found[0] if found else (None, float('nan'))
-
-
-@functools.lru_cache
-def bytes_per_token(folder):
-    """UTF-8 bytes per token of a dataset's held-out text (val.bin): the factor from nats per
-    token to bits per byte. GPT-2's end-of-text tokens count as tokens of no bytes."""
-    import numpy as np
-    import data
-    if not (Path(folder) / 'val.bin').is_file():
-        return None
-    enc = tok.from_meta(data.read_meta(folder) or {'tokenizer': 'gpt2'})  # no meta: nanoGPT's GPT-2 tokens
-    ids = np.memmap(Path(folder) / 'val.bin', dtype=np.uint16, mode='r')
-    if enc.name == 'gpt2':
-        ids = ids[ids != enc.eot]
-    n_bytes = len(enc.decode(ids.tolist()).encode('utf-8'))
-    return n_bytes / len(np.memmap(Path(folder) / 'val.bin', dtype=np.uint16, mode='r'))
-
-
-def f(x):
-    return '-' if x is None or math.isnan(x) else f'{x:.4f}'
-
-
-def delta_text(delta, half):
-    return '-' if math.isnan(delta) else f"{delta:+.4f} [{f(delta - half)}, {f(delta + half)}]"
-
-
-def grid_table(args, rows):
-    """compare.py --eval_tasks: lm-eval's tasks on every finished run (results reused while the
-    checkpoint and request are unchanged), each task's headline metric added to `rows` with mean,
-    std and 95% CI over seeds and the difference against SA paired by seed; the held-out loss also
-    in bits per byte. Returns the markdown table."""
-    import data
-    from grid import REFERENCE, mean_std_ci
-    names, _ = task_list(args.eval_tasks, args.eval_include_path)
-    request = dict(include_path=args.eval_include_path, limit=args.eval_limit, num_fewshot=None)
-    per_seed = {}  # variant -> {column: {seed: value}}
-    for r in rows:
-        cols = per_seed.setdefault(r['variant'], {})
-        bpt = bytes_per_token(data.folder_of(r['config']['data_dir'], r['config']['dataset']))
-        for run in r['runs']:
-            run_dir = Path(args.out) / 'runs' / r['variant'] / f"seed{run['seed']}"
-            if bpt:  # nats per token -> bits per byte
-                cols.setdefault('val bits/byte', {})[run['seed']] = run['val_loss'] / math.log(2) / bpt
-            if not (run_dir / 'ckpt.pt').is_file():
-                continue  # kept in results.json, its folder gone: nothing to evaluate
-            res = cached_results(run_dir, names, **request)
-            if res is None:
-                print(f"lm-eval: {r['variant']} seed {run['seed']} on {', '.join(names)}", flush=True)
-                res = evaluate(run_dir, names, bar=False, **request)
-                write_results(res, run_dir / RESULTS)
-            for task in names:
-                metric, value = headline(res['results'].get(task, {}))
-                if metric:
-                    cols.setdefault(f'{task} {metric}', {})[run['seed']] = value
-    columns = list(dict.fromkeys(c for cols in per_seed.values() for c in cols))
-    ref = per_seed.get(REFERENCE, {})
-    for r in rows:  # flat keys: results.csv gets a column each; the per-seed values go into the runs
-        for c in columns:
-            vals = per_seed[r['variant']].get(c, {})
-            paired = [v - ref[c][s] for s, v in vals.items() if s in ref.get(c, {})]
-            r[f'{c} mean'], r[f'{c} std'], r[f'{c} ci95'] = mean_std_ci(list(vals.values()))
-            r[f'{c} delta_vs_sa'], _, r[f'{c} delta_ci95'] = \
-                mean_std_ci(paired) if r['variant'] != REFERENCE else (float('nan'),) * 3
-            for run in r['runs']:
-                run[c] = vals.get(run['seed'])
-    lines = [f"lm-eval {lm_eval.__version__} tasks ({', '.join(names)}"
-             f"{f', limit {args.eval_limit}' if args.eval_limit else ''}) on every finished run: each task's headline "
-             f"metric, mean ± std over seeds [95% CI]; Δ vs {REFERENCE} paired by seed (mean of the per-seed "
-             f"differences [95% CI]). Held-out loss in bits per byte: nats/token ÷ ln 2 ÷ the UTF-8 bytes per token "
-             f"of val.bin, one unit for character and BPE runs.", '',
-             '| variant | seeds | val loss (nats/token) | ' + ' | '.join(f'{c} | Δ vs SA' for c in columns) + ' |',
-             '|---|---|---|' + '---|---|' * len(columns)]
-    for r in rows:
-        cells = [f"{f(r[f'{c} mean'])} ± {f(r[f'{c} std'])} [{f(r[f'{c} mean'] - r[f'{c} ci95'])}, "
-                 f"{f(r[f'{c} mean'] + r[f'{c} ci95'])}] | " + delta_text(r[f'{c} delta_vs_sa'], r[f'{c} delta_ci95'])
-                 for c in columns]
-        lines.append(f"| {r['variant']} | {r['n_seeds']} | {f(r['val_loss_mean'])} ± {f(r['val_loss_std'])} | "
-                     + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
+    if slid:
+        print(f"note: {slid} generation request(s) asked for max_gen_toks >= block_size={lm.block_size}: their "
+              f"context kept its last {lm.block_size} tokens and each new token was predicted from the last "
+              f"{lm.block_size} (the window slid)", file=sys.stderr)

@@ -10,9 +10,10 @@ checkpoint; for a nanoGPT checkpoint, --meta=path/to/dataset or its meta.pkl, el
 dataset's meta under data/, else GPT-2's); a meta whose vocabulary is not the checkpoint's
 is refused. GPT-2's weights use GPT-2's tokenizer.
 
-    python sample.py --init_from=nanoGPT/out-shakespeare-char/ckpt.pt --meta=nanoGPT/data/shakespeare_char The same seed gives the same text; temperature=0 decodes
-greedily. Keys and values are cached between steps (use_cache=False recomputes the whole
-context at every step).
+    python sample.py --init_from=nanoGPT/out-shakespeare-char/ckpt.pt --meta=nanoGPT/data/shakespeare_char
+
+The same seed gives the same text; temperature=0 decodes greedily. Keys and values are
+cached between steps (use_cache=False recomputes the whole context at every step).
 """
 
 import sys

@@ -1,5 +1,6 @@
 # The quickstart: the 0.8M-parameter character GPT of config/cpu_sa.py on the embedded
-# Shakespeare corpus, trained for 1500 iterations (about 4 minutes on 2 CPU cores).
+# Shakespeare corpus, trained for 1500 iterations (6.1M tokens: about 6 minutes of training on 2 CPU
+# cores; `make quickstart`, data preparation included, took 6 min 56 s: docs/training.md).
 # Prepare the data first with `python prepare_shakespeare.py` (make quickstart does).
 from config.cpu_sa import *  # the model, data and optimiser; only the schedule differs
 

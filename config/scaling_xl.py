@@ -30,7 +30,7 @@
 #   ha4_w  FSDP + checkpointing     1.5   13.9    3.1    0.6    3.8    4.9   27.8
 # LONG: days on one 8-GPU node. GPU-hours at 30% MFU, as every config here; HA's MFU is not measured.
 # Budget: 59.20B tokens (56,460 iterations x 1,048,576), 18.33 GFLOPs/token, 1.09e+21 FLOPs, 1,017.9 GPU-hours on H100 at 30% MFU = 127.2 h on 8 x H100
-# Grid budget: 2 runs (2 variants x 1 seeds), 118.4B tokens, 2.41e+21 FLOPs, 2,256 GPU-hours on H100 at 30% MFU = 282.0 h on 8 GPUs
+# Grid budget: 2 runs (2 variants x 1 seed), 118.4B tokens, 2.41e+21 FLOPs, 2,256 GPU-hours on H100 at 30% MFU = 282.0 h on 8 GPUs
 from config.scaling_s import *  # the study's recipe; only the size differs
 
 _compare = dict(variants='sa,ha4_w', seeds='1', nproc=8, preset=[

@@ -84,7 +84,8 @@ ROWS = {
     'missing_config_file': ('train.py', ['{w}/no_such_config.py'], "config file '{w}/no_such_config.py' not found"),
     'malformed_config_file': ('train.py', ['{w}/bad_config.py'], "config file {w}/bad_config.py failed: SyntaxError"),
     'missing_dataset': ('train.py', ['--data_dir={w}/nodata'],
-                        "{w}/nodata/train.bin not found; prepare the data first, e.g. `python prepare_shakespeare.py`"),
+                        "{w}/nodata/train.bin not found; prepare the data first: `python prepare_openwebtext.py --source=... "
+                        "--name=nodata`"),
     'empty_corpus': ('prepare_openwebtext.py', ['--source={w}/empty.txt', '--tokenizer=char', '--name=_reltest_empty',
                                                 '--root={w}/prepared'],
                      "holds no text; give a non-empty corpus"),
@@ -297,3 +298,19 @@ def test_prepare_offline_fails_at_once(results):
 @pytest.mark.parametrize('row', ['empty_corpus', 'one_paragraph_corpus', 'prepare_loading_script', 'prepare_offline'])
 def test_failed_prepare_writes_nothing(results, row):
     assert not (results[row]['w'] / 'prepared').exists()
+
+
+@pytest.mark.parametrize('name, fix', [
+    ('fineweb10B', "fetch FineWeb's GPT-2 shards with modded-nanogpt's data/cached_fineweb10B.py"),
+    ('openwebtext', '`python prepare_openwebtext.py`, OpenWebText from the Hub'),
+    ('shakespeare_char', '`python prepare_shakespeare.py`;'),
+    ('milton', '`python prepare_shakespeare.py --corpus=milton`'),
+    ('mine', '`python prepare_openwebtext.py --source=... --name=mine`')])
+def test_missing_data_names_the_command_that_makes_it(name, fix, tmp_path):
+    """config/fineweb10B_sa.py's data comes as llm.c's shards, config/hfa.py's from a plain
+    prepare_openwebtext.py: the line says so, not another dataset's recipe."""
+    import data
+    from errors import UserError
+    with pytest.raises(UserError) as e:
+        data.split_tokens(tmp_path / name, 'train', 8)
+    assert str(e.value).startswith(f"{tmp_path / name}/train.bin not found; prepare the data first: {fix}")

@@ -201,3 +201,29 @@ def test_cpu_table_gives_median_and_range_of_ratios_taken_within_each_run():
     assert row('HA train step: peak memory') .endswith('| 2.00x | 2.00 to 2.00 |')
     assert row('KV-cache') .endswith('| 5.00x | 5.00 to 5.00 |')
     assert 'median of 3 runs' in text.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_lm_eval_rows_measure_requests_and_scoring_memory(tmp_path):
+    """bench.py --lm_eval --quick: requests/s of loglikelihood and generate_until (now, as before, and
+    batched against one at a time) and the peak memory of scoring, before and now, each a record."""
+    path = tmp_path / 'lm_eval.json'
+    r = subprocess.run([sys.executable, 'bench.py', '--lm_eval', '--quick', '--out', str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {(x['mode'], x['variant']): x for x in json.loads(path.read_text())}
+    assert set(rows) == {('lm_eval_loglikelihood', 'now'), ('lm_eval_loglikelihood', 'before'),
+                         ('lm_eval_generate_until', 'now, batches of 4'), ('lm_eval_generate_until', 'now, one at a time'),
+                         ('lm_eval_generate_until', 'before'), ('lm_eval_log_probs_memory', 'before'),
+                         ('lm_eval_log_probs_memory', 'now')}
+    assert all(x['requests_per_s'] > 0 for (m, _), x in rows.items() if m != 'lm_eval_log_probs_memory')
+    assert all(x['peak_mem_bytes'] > 0 for (m, _), x in rows.items() if m == 'lm_eval_log_probs_memory')
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
+def test_a_device_this_machine_lacks_is_one_line():
+    r = subprocess.run([sys.executable, 'bench.py', '--device', 'cuda', '--quick'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr == "error: device='cuda' but CUDA is not available here; use --device=cpu " \
+                                             "(or auto)\n"

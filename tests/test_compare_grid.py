@@ -135,6 +135,16 @@ def test_dry_run_lists_every_run_with_command_and_budget(tiny, tmp_path, capsys)
     assert total['gpu_hours'] == pytest.approx(3 * sum(b['gpu_hours'] for b in per_variant.values()))
 
 
+def test_dry_run_of_a_cpu_grid_gives_no_gpu_time(tiny, tmp_path, capsys):
+    """device='cpu' and no --gpus: tokens and FLOPs, runs at a time on CPU cores; no H100 estimate."""
+    rc = compare.main(['--config', str(tiny / 'tiny.py'), f'--data_dir={tiny / "data"}', '--out', str(tmp_path / 'd'),
+                       '--variants', 'sa', '--seeds', '2', '--jobs', '2', '--dry_run'])
+    text = capsys.readouterr().out
+    assert rc == 0 and 'GPU' not in text.replace('no GPU time', '')
+    assert '2 runs (1 variant x 2 seeds); a CPU grid' in text and '2 runs at a time on CPU cores (--jobs)' in text
+    assert "# Grid budget: 2 runs (1 variant x 2 seeds), " in text and "a CPU grid (device='cpu')" in text
+
+
 def test_config_file_carries_compare_defaults_the_command_line_wins(tiny, tmp_path):
     cfg = tiny / 'with_defaults.py'
     cfg.write_text(TINY + "_compare = dict(variants='sa,hfa4', seeds='2', match='params', match_by='head_dim')\n")

@@ -3,7 +3,10 @@ offline, with lm-eval's own evaluator over the local tasks in tests/fixtures/lm_
 - the log-likelihoods lm-eval receives equal those computed directly with model.py (sa, hfa_v1, ha);
 - the cross-check: a tiny GPT-2 written by transformers, evaluated through our init_from folder
   path and through lm-eval's own `hf` model, gets the same metrics and the same per-request numbers;
-- generate_until is sample.py's greedy decoding, cut at the stop strings;
+- generate_until is sample.py's greedy decoding, cut at the stop strings, batched as one at a time;
+  it stops at a stop string or end-of-text, samples as Hugging Face's generate reads do_sample,
+  temperature, top_k and top_p, and slides its window past block_size;
+- unknown_chars=drop drops from contexts only, and refuses a scored text it would bias;
 - a context longer than block_size is cut from the left, as documented, not an error;
 - eval.py end to end, its one-line refusals, and compare.py's table of task metrics over seeds."""
 
@@ -20,6 +23,7 @@ import pytest
 import torch
 
 import lm_eval_model
+import lm_eval_tasks
 import tokenizer as tok
 from errors import UserError
 from model import GPT, GPTConfig
@@ -59,7 +63,7 @@ def save_run(model, out_dir, **extra):
 
 @pytest.fixture(scope='module')
 def task_manager():
-    return lm_eval_model.task_list([MC, TEXT, GEN], TASKS)[1]  # the local tasks alone: lm-eval's own take seconds
+    return lm_eval_tasks.task_list([MC, TEXT, GEN], TASKS)[1]  # the local tasks alone: lm-eval's own take seconds
 
 
 def run_tasks(lm, tasks, task_manager, **kw):
@@ -140,7 +144,7 @@ def test_context_longer_than_block_size_is_cut_from_the_left(capsys):
     with pytest.raises(UserError, match='a continuation of 40 tokens is longer than .* block_size=32'):
         lm.loglikelihood([SimpleNamespace(args=('ROMEO:', ' ' + 'a' * 39))])  # no context left to cut
     capsys.readouterr()
-    lm_eval_model.note_truncated(lm)
+    lm_eval_model.note_cuts(lm)
     note = capsys.readouterr().err
     assert note.count('\n') == 1 and 'cut from the left' in note
 
@@ -237,6 +241,110 @@ def test_generate_until_is_sample_greedy_cut_at_stop_strings(tmp_path):
     assert none == greedy[:greedy.index(stop[0])]  # the first stop string met ends it
 
 
+def greedy_text(model, prompt, n):
+    """The model's own greedy decoding (GPT.generate, sample.py's) of n tokens after prompt."""
+    ids = ENC.encode(prompt)[-(model.config.block_size - n if n < model.config.block_size else
+                               model.config.block_size):]
+    y = model.generate(torch.tensor([ids]), n, temperature=0)
+    return ENC.decode(y[0, len(ids):].tolist())
+
+
+def generation(prompt, **kw):
+    return SimpleNamespace(args=(prompt, {'until': [], 'max_gen_toks': 20, 'do_sample': False, **kw}))
+
+
+PROMPTS = ['ROMEO:\nBut, soft! what', 'All:\nSpeak,', 'KING RICHARD III:\nNow is the winter', 'MENENIUS:\nEither',
+           'JULIET: O Romeo, Romeo, wherefore art thou']
+
+
+def test_batched_generation_equals_one_request_at_a_time():
+    """Prompts of five lengths in one batch: each row is decoded at its own positions, as alone."""
+    model = tiny('hfa_v1', seed=2, scale=20.0)
+    requests = [generation(p, until=['\n\n']) for p in PROMPTS]
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=5)
+    parts = lm.similar_lengths(sorted([r.args for r in requests], key=lambda a: -len(a[0])))
+    assert max(len({len(c) for c, _ in part}) for part in parts) == 3  # rows of 3 prompt lengths decoded together
+    batched = lm.generate_until(requests)
+    alone = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', batch_size=1).generate_until(requests)
+    assert batched == alone
+    assert batched == [greedy_text(model, p, 20).split('\n\n')[0] for p in PROMPTS]
+    assert len(set(batched)) == len(PROMPTS)
+
+
+def count_forwards(model):
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    return calls
+
+
+def test_generation_stops_at_the_first_stop_string():
+    """The text is the greedy text cut at the stop string, and decoding ends when it appears: one
+    forward for the prompt, then one per token up to the stop string's last, not max_gen_toks."""
+    model = tiny('sa', seed=2, scale=20.0)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    full = lm.generate_until([generation(PROMPTS[0], max_gen_toks=40)])[0]
+    stop = next(full[i:i + 2] for i in range(3, len(full) - 1) if full.index(full[i:i + 2]) == i)
+    calls = count_forwards(model)
+    text, = lm.generate_until([generation(PROMPTS[0], max_gen_toks=40, until=['never', stop])])
+    assert text == full[:full.index(stop)] and len(text) < 30
+    assert len(calls) == full.index(stop) + len(stop)  # one token a forward (characters), the prompt's included
+
+
+def test_generation_stops_at_end_of_text():
+    """A GPT-2-vocabulary model whose every prediction is end-of-text: nothing generated, one forward."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=1, n_embd=8, bias=True)).eval()
+    enc = tok.GPT2Tokenizer()
+    with torch.no_grad():  # the final norm's output is its bias; end-of-text's embedding points along it
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.normal_()
+        model.lm_head.weight[enc.eot] = 100 * model.transformer.ln_f.bias
+    lm = lm_eval_model.NanoHFA(model=model, enc=enc, device='cpu')
+    calls = count_forwards(model)
+    assert lm.generate_until([generation('Hello', until=['never'], max_gen_toks=16)]) == ['']
+    assert len(calls) == 1
+
+
+def test_sampling_settings_are_read_as_hugging_faces_generate_reads_them():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    sampler = lm_eval_model.NanoHFA.sampler
+    assert sampler({'do_sample': False, 'temperature': 0.0}) is None  # greedy
+    default = sampler({'do_sample': True})  # HF's defaults: temperature 1 (no warper), top_k 50, top_p 1 (none)
+    assert [type(w) for w in default] == [TopKLogitsWarper] and default[0].top_k == 50
+    full = sampler({'do_sample': True, 'temperature': 0.7, 'top_k': 5, 'top_p': 0.9})
+    assert [type(w) for w in full] == [TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper]
+    assert (full[0].temperature, full[1].top_k, full[2].top_p) == (0.7, 5, 0.9)
+    with pytest.raises(UserError, match=r'temperature=0.0; a sampling temperature must be > 0'):
+        sampler({'do_sample': True, 'temperature': 0.0})
+    with pytest.raises(UserError, match=r"settings \{'repetition_penalty': 1.3\} are not supported"):
+        sampler({'do_sample': False, 'repetition_penalty': 1.3})
+
+
+def test_do_sample_samples_and_top_k_1_is_greedy():
+    """do_sample without a temperature samples (at HF's temperature 1), top_k=1 or a tiny top_p keeps
+    the argmax alone, and do_sample=False with a temperature is greedy."""
+    model = tiny('sa', seed=1)  # untrained: nearly flat predictions, greedy repeats one character
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    greedy = greedy_text(model, PROMPTS[1], 20)
+    torch.manual_seed(0)
+    sampled = lm.generate_until([generation(PROMPTS[1], do_sample=True)] * 3)
+    assert all(s != greedy for s in sampled) and len(set(sampled)) == 3
+    for kw in ({'do_sample': True, 'top_k': 1}, {'do_sample': True, 'top_p': 1e-9}, {'do_sample': False,
+                                                                                    'temperature': 0.8}):
+        assert lm.generate_until([generation(PROMPTS[1], **kw)]) == [greedy], kw
+
+
+def test_max_gen_toks_beyond_block_size_slides_the_window(capsys):
+    """A task asking for more tokens than block_size: the context keeps its last block_size tokens and
+    each new token is predicted from the last block_size, as sample.py decodes past block_size."""
+    model = tiny('sa', block_size=16, seed=2, scale=20.0)
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu')
+    texts = lm.generate_until([generation(p, max_gen_toks=40) for p in PROMPTS[:2]])
+    assert texts == [greedy_text(model, p, 40) for p in PROMPTS[:2]] and all(len(t) == 40 for t in texts)
+    lm_eval_model.note_cuts(lm)
+    assert 'note: 2 generation request(s) asked for max_gen_toks >= block_size=16' in capsys.readouterr().err
+
+
 # -----------------------------------------------------------------------------
 # eval.py: one command, and one line for bad input
 
@@ -248,10 +356,10 @@ def test_eval_py_writes_results_beside_the_checkpoint_in_under_a_minute(tmp_path
                         f'--include_path={TASKS}', '--device=cpu'], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert time.time() - t0 < 60
-    results = json.loads((out_dir / lm_eval_model.RESULTS).read_text())
+    results = json.loads((out_dir / lm_eval_tasks.RESULTS).read_text())
     assert set(results['results']) == {MC, TEXT, GEN} and results['nanohfa']['tasks'] == [MC, TEXT, GEN]
     assert 0 <= results['results'][MC]['acc,none'] <= 1 and results['results'][TEXT]['bits_per_byte,none'] > 0
-    assert f'|{MC}' in r.stdout and f"wrote {out_dir / lm_eval_model.RESULTS}" in r.stdout
+    assert f'|{MC}' in r.stdout and f"wrote {out_dir / lm_eval_tasks.RESULTS}" in r.stdout
 
 
 def test_eval_refuses_bad_input_in_one_line(tmp_path):
@@ -261,6 +369,14 @@ def test_eval_refuses_bad_input_in_one_line(tmp_path):
         eval_py.main([f'--out_dir={out_dir}', f'--tasks={MC}', f'--include_path={TASKS}'])
     with pytest.raises(UserError, match='no ckpt.pt'):
         eval_py.main([f'--out_dir={tmp_path}', f'--tasks={MC}'])
+    with pytest.raises(UserError, match=f'--out_dir {tmp_path}/nowhere: no such folder; give the out_dir of a training'):
+        eval_py.main([f'--out_dir={tmp_path}/nowhere', f'--tasks={MC}'])
+    with pytest.raises(UserError, match=r'^no checkpoint at nowhere: give the out_dir of a training run'):
+        eval_py.main(['--init_from=nowhere', f'--tasks={MC}'])
+    with pytest.raises(UserError, match=r'^unrecognized argument\(s\) --taks=x \(--taks: did you mean --tasks\?\)'):
+        eval_py.main([f'--out_dir={out_dir}', '--taks=x'])  # the misspelt flag, not a missing --tasks
+    with pytest.raises(UserError, match='--tasks is required'):
+        eval_py.main([f'--out_dir={out_dir}'])
     with pytest.raises(UserError, match='one of them'):
         eval_py.main([f'--tasks={MC}'])
     save_run(tiny('sa'), out_dir)
@@ -269,15 +385,30 @@ def test_eval_refuses_bad_input_in_one_line(tmp_path):
         eval_py.main([f'--out_dir={out_dir}', '--tasks=nanohfa_tiny_mcq', f'--include_path={TASKS}'])
 
 
-def test_characters_outside_the_vocabulary_are_named(task_manager):
+def test_characters_outside_the_vocabulary_are_named_with_both_flags(task_manager):
     small = tok.CharTokenizer(sorted(set('abcdefghijklmnopqrstuvwxyz \n')))
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=small.vocab_size, n_layer=1, n_head=1, n_embd=8))
-    with pytest.raises(UserError, match="not in this model's character vocabulary.*unknown_chars=drop"):
+    with pytest.raises(UserError, match=r"not in this model's character vocabulary.*eval.py --unknown_chars=drop; "
+                                        r"compare.py --eval_model_args=unknown_chars=drop"):
         run_tasks(lm_eval_model.NanoHFA(model=model, enc=small, device='cpu'), [MC], task_manager, limit=1)
-    out = run_tasks(lm_eval_model.NanoHFA(model=model, enc=small, device='cpu', unknown_chars='drop'), [MC],
-                    task_manager, limit=2)
-    assert out['results'][MC]['acc,none'] in (0.0, 0.5, 1.0)
+
+
+def test_drop_leaves_unknown_characters_out_of_contexts_and_refuses_them_in_scored_text():
+    """unknown_chars=drop: a prompt's unknown characters are dropped (the score is the prompt's without
+    them); a choice or a document holding one is refused, not scored on fewer characters than
+    lm-eval's byte, word and length counts (the bias: bits per byte too good, an all-unknown choice at 0)."""
+    model = tiny('sa')
+    lm = lm_eval_model.NanoHFA(model=model, enc=ENC, device='cpu', unknown_chars='drop')
+    assert '€' not in ENC.stoi and '#' not in ENC.stoi
+    (dropped, _), (clean, _) = lm.loglikelihood([SimpleNamespace(args=('ROMEO: # But, soft€!', ' what light')),
+                                                 SimpleNamespace(args=('ROMEO:  But, soft!', ' what light'))])
+    assert dropped == clean
+    with pytest.raises(UserError, match=r"characters '€' are in a text this task scores"):
+        lm.loglikelihood([SimpleNamespace(args=('ROMEO: But, soft!', ' €€')), SimpleNamespace(args=('ROMEO:', ' a'))])
+    with pytest.raises(UserError, match=r"characters '#' are in a text this task scores"):
+        lm.loglikelihood_rolling([SimpleNamespace(args=('All:\nSpeak, # speak.',))])
+    lm.generate_until([SimpleNamespace(args=('ROMEO: # But€', {'until': ['\n'], 'max_gen_toks': 4}))])  # a prompt: dropped
 
 
 # -----------------------------------------------------------------------------
@@ -322,7 +453,7 @@ def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
         assert r['val bits/byte mean'] == pytest.approx(r['val_loss_mean'] / math.log(2), rel=1e-9)
         for run in r['runs']:
             saved = json.loads((tmp_path / 'grid' / 'runs' / r['variant'] / f"seed{run['seed']}" /
-                                lm_eval_model.RESULTS).read_text())
+                                lm_eval_tasks.RESULTS).read_text())
             assert run[f'{MC} acc_norm'] == saved['results'][MC]['acc_norm,none']
             assert run[f'{TEXT} bits_per_byte'] == saved['results'][TEXT]['bits_per_byte,none']
     col = f'{TEXT} bits_per_byte'
@@ -330,7 +461,7 @@ def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
     assert rows['hfa'][f'{col} delta_vs_sa'] == pytest.approx(np.mean(diffs))
     assert rows['hfa'][f'{col} mean'] == pytest.approx(np.mean([run[col] for run in rows['hfa']['runs']]))
     table = (tmp_path / 'grid' / 'results.md').read_text()
-    assert f'| {MC} acc_norm | Δ vs SA |' in table and '| val bits/byte |' in table
+    assert f'| {MC} acc_norm | Δ vs SA |' in table and '| val bits/byte [counted] |' in table  # counted: no val_bytes in this meta.json
     # a --collect_only pass reuses the saved results while the checkpoints are unchanged
     assert compare.main(argv + ['--collect_only']) == 0
     again = capsys.readouterr().out

@@ -83,3 +83,25 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
 def test_the_readme_is_a_guide_of_about_250_lines():
     lines = (ROOT / 'README.md').read_text().count('\n')
     assert lines <= 300, f'README.md has {lines} lines: move reference material into docs/'
+
+
+def test_every_example_command_of_a_scripts_help_stands_on_its_own_line():
+    """--help prints the module docstring: an example command that runs into the next sentence
+    (sample.py's `--meta=... The same seed gives ...`) reads as one command with stray arguments."""
+    import ast
+    joined = []
+    for path in sorted(ROOT.glob('*.py')) + sorted((ROOT / 'tools').glob('*.py')):
+        for line in (ast.get_docstring(ast.parse(path.read_text())) or '').splitlines():
+            if re.match(r'\s*(python|torchrun|nice|make) ', line):
+                command = re.sub(r'"[^"]*"|\'[^\']*\'', '', line.split('  #')[0])  # quoted text and comments aside
+                if re.search(r'\S\s+(The|A|An|It|This|Each|Every)\s', command):
+                    joined.append(f'{path.name}: {line.strip()}')
+    assert not joined, joined
+
+
+def test_the_quickstarts_time_is_the_same_everywhere():
+    """config/quickstart.py, README.md and docs/training.md state the measured `make quickstart`."""
+    for path in ('config/quickstart.py', 'README.md', 'docs/training.md'):
+        text = ' '.join((ROOT / path).read_text().split())
+        assert 'make quickstart' in text and '6 min 56 s' in text, path
+        assert not re.search(r'about \d+ minutes(?! of (it )?training)', text[text.index('quickstart'):][:2000]), path
