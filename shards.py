@@ -44,7 +44,7 @@ FORMATS = {20240520: (1, np.dtype('<u2')), 20240801: (7, np.dtype('<u4'))}  # ma
 GPT2_MAGIC = 20240520
 SHARD_TOKENS = 100_000_000  # llm.c's FineWeb shards hold 100M tokens; ours do by default
 MAX_SHARD_TOKENS = 2 ** 31 - 1  # the header's token count is an int32
-MAX_OPEN = 64  # token files held open at once, per process (fewer under a low ulimit -n)
+MAX_OPEN = 1024  # token files held open at once, per process (a quarter of `ulimit -n` at most)
 PROGRESS = 'prepare.json'   # in a folder being prepared: the settings and how far it got
 
 
@@ -129,7 +129,7 @@ class _OpenFiles:
         self.fds, self.lock = OrderedDict(), threading.Lock()
 
     def limit(self):
-        return max(4, min(MAX_OPEN, _soft_limit() // 8))
+        return max(4, min(MAX_OPEN, _soft_limit() // 4))
 
     def read(self, f, start, stop):
         """Tokens start..stop (0 <= start <= stop <= f.count) of the File f, a fresh array."""

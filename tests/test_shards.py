@@ -558,7 +558,8 @@ def test_shard_tokens_out_of_the_headers_range_is_refused_at_parsing(tmp_path, v
 @pytest.mark.slow
 def test_bench_shards_writes_its_record(tmp_path):
     """bench.py --shards: windows/s from shards and from one file of the same tokens (it checks
-    that both give the same batches) and the resident memory of opening the shards, as JSON."""
+    that both give the same batches), the resident memory of opening and of reading them and
+    the files left open, as JSON."""
     out = tmp_path / 'shards.json'
     r = subprocess.run([PY, 'bench.py', '--shards', '--shard_count=20', '--shard_tokens=200000', '--shard_batches=20',
                         '--rounds=1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -567,4 +568,6 @@ def test_bench_shards_writes_its_record(tmp_path):
     [rec] = json.loads(out.read_text())
     assert rec['shard_count'] == 20 and rec['data_bytes'] == 2 * 20 * 200000
     assert rec['windows_per_s_shards'] > 0 and rec['windows_per_s_one_file'] > 0 and rec['ratio'] > 0
-    assert 0 <= rec["open_rss_bytes"] < 2 ** 20  # 8 MB of tokens: mapped, not read
+    assert 0 <= rec["open_rss_bytes"] < 2 ** 20  # 8 MB of tokens: headers read, not the tokens
+    assert {'read_rss_bytes', 'open_rss_bytes_one_file', 'windows_read'} <= set(rec)
+    assert 0 < rec['files_open'] <= rec['files_open_limit']
