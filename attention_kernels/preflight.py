@@ -611,7 +611,7 @@ def agree(paths, kernel, device):
 def gpt2_small_heads(family, dh):
     """The heads of a GPT-2-small layer (width 768) of one family at head size dh, as
     model.kernel_heads gives them: linear, HFA (A = 2) or HA (windows 512 x 32, config/ha.py)."""
-    return dict(family=family, heads=768 // dh, factors=2 if family == 'hfa' else 1, softmax=True, head_size=dh,
+    return dict(family=family, heads=768 // dh, factors=2 if family == 'hfa' else 1, softmax=family != 'linear', head_size=dh,
                 causal=True, window=0, norm=False, order=3, windows=[512, 32] if family == 'ha' else [0, 0],
                 shared=False)
 
