@@ -173,10 +173,10 @@ if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, m
     sys.exit(0)
 
 # each Triton kernel the run uses runs first in a child process (local rank 0 of each node): a
-# crash, hang or mismatch sends its family to PyTorch; kernel='triton' stops here, nothing written;
-# under torchrun its budget must fit in ddp_timeout (the other ranks wait for it)
-kernel_paths = preflight.run(kernel_heads(gptconf), gptconf.kernel, device, dtype, block_size, kernel_preflight_timeout,
-                             local_rank, kernel_preflight_import_timeout, ddp_timeout if ddp else None, gptconf.kernel_check)
+# crash, hang or mismatch sends its family to PyTorch; kernel='triton' stops here, nothing written
+kernel_paths = preflight.run(kernel_heads(gptconf), gptconf.kernel, device, dtype, block_size,
+                             kernel_preflight_timeout, local_rank, kernel_preflight_import_timeout,
+                             ddp_timeout if ddp else None, gptconf.kernel_check)
 
 # everything the user gave has been checked: only now does the run take out_dir and write
 out = Path(out_dir)

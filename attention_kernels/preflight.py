@@ -611,9 +611,9 @@ def agree(paths, kernel, device):
 def gpt2_small_heads(family, dh):
     """The heads of a GPT-2-small layer (width 768) of one family at head size dh, as
     model.kernel_heads gives them: linear, HFA (A = 2) or HA (windows 512 x 32, config/ha.py)."""
-    return dict(family=family, heads=768 // dh, factors=2 if family == 'hfa' else 1, softmax=family != 'linear', head_size=dh,
-                causal=True, window=0, norm=False, order=3, windows=[512, 32] if family == 'ha' else [0, 0],
-                shared=False)
+    return dict(family=family, heads=768 // dh, factors=2 if family == 'hfa' else 1, softmax=family != 'linear',
+                head_size=dh, causal=True, window=0, norm=False, order=3,
+                windows=[512, 32] if family == 'ha' else [0, 0], shared=False)
 
 
 def report(out, timeout, device='cuda', T=1024, head_sizes=(64, 128), dtype='bfloat16', import_timeout=START_S):
@@ -654,7 +654,12 @@ if __name__ == '__main__':
         p.add_argument('--dtype', default='bfloat16')
         a = p.parse_args()
         if a.forget:
-            n = forget(a.forget)
+            try:
+                n = forget(a.forget)
+            except OSError as e:
+                print(f"error: {cache_path()} cannot be changed ({e.strerror or e}); check that its folder is "
+                      f"writable, or set NANOHFA_CACHE to the cache the runs use", file=sys.stderr)
+                sys.exit(2)
             print(f"{n} cached verdict(s) of {a.forget!r} removed from {cache_path()}; the next run checks again")
             sys.exit(0)
         if not a.report:
