@@ -502,6 +502,20 @@ def test_a_read_only_or_full_cache_folder_is_a_warning_and_the_run_trains(char_d
         assert not (cache / 'preflight.json').exists()  # the mount is gone with the run: the folder as it was
 
 
+def test_the_cache_is_the_users_outside_the_checkout_by_default(monkeypatch, tmp_path):
+    """NANOHFA_CACHE if set; else $XDG_CACHE_HOME/nanohfa; else ~/.cache/nanohfa: never the
+    checkout, which the nodes of a cluster share."""
+    monkeypatch.setenv('NANOHFA_CACHE', str(tmp_path / 'mine'))
+    assert preflight.cache_path() == tmp_path / 'mine' / 'preflight.json'
+    monkeypatch.delenv('NANOHFA_CACHE')
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+    assert preflight.cache_path() == tmp_path / 'xdg' / 'nanohfa' / 'preflight.json'
+    monkeypatch.delenv('XDG_CACHE_HOME')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    assert preflight.cache_path() == tmp_path / 'home' / '.cache' / 'nanohfa' / 'preflight.json'
+    assert ROOT not in preflight.cache_path().parents
+
+
 WRITER = '''
 import os, sys, time
 from pathlib import Path
