@@ -175,7 +175,7 @@ if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, m
 # each Triton kernel the run uses runs first in a child process (local rank 0 of each node): a
 # crash, hang or mismatch sends its family to PyTorch; kernel='triton' stops here, nothing written
 kernel_paths = preflight.run(kernel_heads(gptconf), gptconf.kernel, device, dtype, block_size,
-                             kernel_preflight_timeout, local_rank, kernel_preflight_import_timeout,
+                             kernel_preflight_timeout, local_rank, preflight_import_timeout,
                              ddp_timeout if ddp else None, gptconf.kernel_check)
 
 # everything the user gave has been checked: only now does the run take out_dir and write

@@ -19,7 +19,7 @@ before the first training step, on CUDA with kernel='auto' or 'triton' and kerne
   tolerances). The children run at once, one per family. Each says on its stdout (a file)
   which stage it reached: 'ready' once torch and triton are imported, then 'fwd', 'bwd',
   'compare' while the kernel runs. The imports have their own budget (import_timeout, the
-  setting kernel_preflight_import_timeout), the kernel the other (timeout,
+  setting preflight_import_timeout), the kernel the other (timeout,
   kernel_preflight_timeout);
 - the verdict blames the kernel only for what the kernel did once running: a crash (a
   non-zero exit or a signal it raised itself: SIGABRT, SIGSEGV...), a hang past the timeout,
@@ -301,7 +301,7 @@ def _verdict(name, proc, started, folder, killed, budgets):
     final = records[-1] if records and 'verdict' in records[-1] else None
     if killed == 'import':
         res['what'] = (f"the preflight's process took more than {budgets[0]:g} s to import torch and triton "
-                       f"(kernel_preflight_import_timeout)")
+                       f"(preflight_import_timeout)")
     elif killed == 'hang':
         res['what'] = (f"no result within {budgets[1]:g} s in the preflight (a hang; if only slow, raise "
                        f"kernel_preflight_timeout, and under torchrun ddp_timeout with it)" if running else
@@ -545,7 +545,7 @@ def budget_check(timeout, import_timeout, ddp_timeout):
     start, for at most ddp_timeout: the preflight's budgets must fit in it, or the run stops."""
     need = import_timeout + timeout + MARGIN_S
     if ddp_timeout is not None and need > ddp_timeout:
-        _stop(f"kernel_preflight_import_timeout={import_timeout:g} s + kernel_preflight_timeout={timeout:g} s "
+        _stop(f"preflight_import_timeout={import_timeout:g} s + kernel_preflight_timeout={timeout:g} s "
               f"(+ {MARGIN_S} s) exceed ddp_timeout={ddp_timeout:g} s: under torchrun the other ranks would stop "
               f"waiting for the preflight; raise ddp_timeout to at least {need:g} or lower the preflight's timeouts")
 

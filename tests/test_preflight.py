@@ -380,7 +380,7 @@ def one_family(attention='ha'):
 
 @pytest.mark.slow
 def test_a_slow_import_is_said_not_cached_and_checked_again(isolated, monkeypatch, capsys):
-    """A child whose interpreter takes longer than kernel_preflight_import_timeout to start
+    """A child whose interpreter takes longer than preflight_import_timeout to start
     (sitecustomize sleeps in it, as imports on a cold network file system do) is the machine's
     doing: PyTorch for this run, nothing cached; the next run starts a child again."""
     entries, mark = fakes(isolated, ha='ok')
@@ -395,7 +395,7 @@ def test_a_slow_import_is_said_not_cached_and_checked_again(isolated, monkeypatc
     assert first['ha']['path'] == 'pytorch' and len(err) == 1 and runs(mark) == []
     assert err[0].startswith('nanoHFA: triton ha start (ha float32 dh=16 causal cpu ')
     assert err[0].endswith("the preflight's process took more than 3 s to import torch and triton "
-                           "(kernel_preflight_import_timeout): not the kernel's doing, so not cached: the next run "
+                           "(preflight_import_timeout): not the kernel's doing, so not cached: the next run "
                            "checks it again; using PyTorch for ha")
     assert cached(isolated / 'cache') == {}
 
@@ -584,7 +584,7 @@ def test_a_preflight_that_cannot_fit_in_ddp_timeout_stops_before_any_child(isola
     for local_rank in (0, 1):
         with pytest.raises(UserError) as e:
             check(one_family(), timeout=500, import_timeout=120, ddp_timeout=600, local_rank=local_rank)
-        assert str(e.value) == ("kernel_preflight_import_timeout=120 s + kernel_preflight_timeout=500 s (+ 30 s) "
+        assert str(e.value) == ("preflight_import_timeout=120 s + kernel_preflight_timeout=500 s (+ 30 s) "
                                 "exceed ddp_timeout=600 s: under torchrun the other ranks would stop waiting for the "
                                 "preflight; raise ddp_timeout to at least 650 or lower the preflight's timeouts")
     assert check(one_family(), timeout=450, import_timeout=120, ddp_timeout=600, local_rank=1) == \
