@@ -10,7 +10,7 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
     python bench.py --rounds 7 --step_times --config config/compare_cpu.py --out grids/main --variants sa,hfa ...
                                               # a compare.py grid's seconds per step (tools/cpu_grids.py)
     python bench.py --memory --out results/memory_cpu.json   # activation checkpointing, DDP and FSDP on CPU
-    python bench.py --shards --out results/shards.json       # training windows from 100 shards vs one file
+    python bench.py --shards --out results/shards.json       # training windows from 2,000 shards vs one file
     python bench.py --lm_eval --out results/lm_eval_bench/results.json   # lm-eval requests/s, scoring memory
 
 Rows (variant):
@@ -46,8 +46,9 @@ Modes:
     shards       (--shards) windows per second that train.py draws (data.windows: random offsets,
                  batch 12 x 1024 tokens) from --shard_count shards in llm.c's format vs the same
                  tokens in one train.bin, taking turns batch by batch (a load that comes and goes
-                 slows both alike), from the median seconds per batch; and the resident memory that
-                 opening the shards adds (VmRSS before and after; the tokens are mapped, not read)
+                 slows both alike), from the median seconds per batch; the resident memory (VmRSS)
+                 that opening the shards and the file adds, and that reading every window from both
+                 adds (windows are read, not mapped: nothing stays resident); the files left open
     lm_eval      (--lm_eval) requests per second of lm_eval_model.py's loglikelihood (128 multiple-choice-like
                  requests: contexts of 30-200 tokens, answers of 1-8) and generate_until (32 prompts of
                  10-100 tokens, 32 new tokens each: in batches of 16, one at a time, and the loop this project
@@ -911,8 +912,8 @@ def main():
     g.add_argument('--memory_timeout', type=float, default=600, help='seconds per case')
     g = p.add_argument_group('--shards: training windows from shards vs one file')
     g.add_argument('--shards', action='store_true', help='only the shard rows (windows/s, resident memory)')
-    g.add_argument('--shard_count', type=int, default=100)
-    g.add_argument('--shard_tokens', type=int, default=1_000_000, help='tokens per shard')
+    g.add_argument('--shard_count', type=int, default=2000, help="shards (FineWeb-100B's are 1,000+)")
+    g.add_argument('--shard_tokens', type=int, default=100_000, help='tokens per shard')
     g.add_argument('--shard_batches', type=int, default=300, help='batches of 12 windows per timed round')
     g = p.add_argument_group('--lm_eval: our lm-eval model (lm_eval_model.py)')
     g.add_argument('--lm_eval', action='store_true',
@@ -1013,9 +1014,11 @@ def main():
 
 
 def shard_rows(args):
-    """Windows per second from shards vs one file of the same tokens, and the memory of opening them."""
+    """Windows per second from shards vs one file of the same tokens, and the resident memory
+    of opening each and of reading from both."""
     import shutil
     import tempfile
+    from pathlib import Path
     import numpy as np
     import data
     import shards
@@ -1029,16 +1032,18 @@ def shard_rows(args):
         tokens.tofile(os.path.join(one, 'train.bin'))
         for i in range(k):
             path = os.path.join(sh, f'train_{i:06d}.bin')
-            os.replace(shards.write_shard(__import__('pathlib').Path(path), [tokens[i * n:(i + 1) * n]], n), path)
+            os.replace(shards.write_shard(Path(path), [tokens[i * n:(i + 1) * n]], n), path)
         del tokens
         rss0 = proc_status('VmRSS')
         opened = data.split_tokens(sh, 'train', T)
         rss1 = proc_status('VmRSS')
         single = data.split_tokens(one, 'train', T)
+        rss2 = proc_status('VmRSS')
         g = torch.Generator().manual_seed(0)
         offsets = [torch.randint(len(single) - T, (B,), generator=g) for _ in range(args.shard_batches)]
         for o in offsets:  # the same batches from both (and the page cache warm for both)
             assert all(torch.equal(a, b) for a, b in zip(data.windows(opened, o, T), data.windows(single, o, T)))
+        rss3 = proc_status('VmRSS')
         spent = {'shards': [], 'one_file': []}  # seconds per batch
         for r in range(args.rounds):  # the two take turns batch by batch: a load that comes and goes hits both
             for j, o in enumerate(offsets):
@@ -1046,18 +1051,24 @@ def shard_rows(args):
                     t0 = time.perf_counter()
                     data.windows(split, o, T)
                     spent[name].append(time.perf_counter() - t0)
+        rss4 = proc_status('VmRSS')
         med = {name: B / statistics.median(s) for name, s in spent.items()}
         ratio = med['shards'] / med['one_file']
         rec = dict(mode='shards', shard_count=k, shard_tokens=n, block_size=T, batch_size=B, rounds=args.rounds,
                    windows_per_s_shards=round(med['shards']), windows_per_s_one_file=round(med['one_file']),
-                   ratio=round(ratio, 3), open_rss_bytes=rss1 - rss0,
-                   data_bytes=2 * n * k)
+                   ratio=round(ratio, 3), open_rss_bytes=rss1 - rss0, open_rss_bytes_one_file=rss2 - rss1,
+                   read_rss_bytes=rss4 - rss2, first_read_rss_bytes=rss3 - rss2,
+                   windows_read=2 * B * len(offsets) * (args.rounds + 1), files_open=len(shards.OPEN),
+                   files_open_limit=shards.OPEN.limit(), data_bytes=2 * n * k)
         print(f"{k} shards of {n:,} tokens vs one file: {rec['windows_per_s_shards']:,} vs "
-              f"{rec['windows_per_s_one_file']:,} windows/s (ratio {rec['ratio']}); opening the shards added "
-              f"{rec['open_rss_bytes'] / 2 ** 10:.0f} KiB of resident memory for {rec['data_bytes'] / 2 ** 20:.0f} MiB "
-              f"of tokens")
+              f"{rec['windows_per_s_one_file']:,} windows/s (ratio {rec['ratio']}); resident memory: opening the "
+              f"shards {rec['open_rss_bytes'] / 2 ** 10:.0f} KiB, the file {rec['open_rss_bytes_one_file'] / 2 ** 10:.0f}"
+              f" KiB, reading {rec['windows_read']:,} windows from both {rec['read_rss_bytes'] / 2 ** 10:.0f} KiB, "
+              f"for {rec['data_bytes'] / 2 ** 20:.0f} MiB of tokens; {rec['files_open']} files open "
+              f"(limit {rec['files_open_limit']})")
         return [rec]
     finally:
+        shards.OPEN.close_all()
         shutil.rmtree(tmp)
 
 

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import pickle
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,9 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_
     started again resumes; None: shards of 100M tokens for the Hub, or a local source of more
     bytes than that, else single files. Then meta.json. Returns the folder."""
     out = Path(root) / name
+    if shard_tokens is not None and not 0 <= shard_tokens <= shards.MAX_SHARD_TOKENS:  # the header's int32
+        raise UserError(f"shard_tokens={shard_tokens:,} is out of range: give 1 to {shards.MAX_SHARD_TOKENS:,} "
+                        f"tokens per shard, or 0 for single files")
     hub_source = source == 'openwebtext'
     stamp = None if hub_source or source in GUTENBERG else source_stamp(source)
     if shard_tokens is None:  # a corpus of more bytes than a shard holds tokens may need several
@@ -308,7 +312,7 @@ def encode(enc, text):
 
 
 def write_atomic(path, data, durable=True):
-    tmp = Path(f'{path}.{os.getpid()}.tmp')
+    tmp = Path(f'{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp')  # unique: two nodes may share a pid
     with open(tmp, 'wb') as f:
         f.write(data)
         f.flush()
@@ -451,27 +455,30 @@ def prepare_hint(folder):
 open_split = shards.agreed(split_tokens)  # under torchrun: one process's failure stops every process
 
 
-def max_token(path):
-    """The largest token id in a token file: scanned once, then kept in the cache under the file's
-    path, size and modification time (OpenWebText's 9B tokens take a while to read)."""
-    path = Path(path).resolve()
-    st = path.stat()
-    key = f"{path} {st.st_size} {st.st_mtime_ns}"
+def max_token(files):
+    """The largest token id in token files (shards.File): each scanned once, a block at a time,
+    then kept in the cache under its path, size and modification time (OpenWebText's 9B tokens
+    take a while to read); the cache is written once, whatever the number of files."""
     cache = tok.CACHE / 'max_token.json'
     try:
         seen = json.loads(cache.read_text())
     except (OSError, ValueError):
         seen = {}
-    if key not in seen:
-        data = shards.open_file(path)[0]
-        step = 1 << 26
-        seen[key] = int(max(data[i:i + step].max() for i in range(0, len(data), step)))
+    largest, new = 0, {}
+    for f in files:
+        st = f.path.stat()
+        key = f"{f.path.resolve()} {st.st_size} {st.st_mtime_ns}"
+        if key not in seen and key not in new:
+            step = 1 << 24  # 32 MiB of uint16 read at a time: memory flat whatever the file's size
+            new[key] = int(max(shards.read(f, i, min(i + step, f.count)).max() for i in range(0, f.count, step)))
+        largest = max(largest, new.get(key, seen.get(key, 0)))
+    if new:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(cache, json.dumps(seen).encode(), durable=False)
+            write_atomic(cache, json.dumps({**seen, **new}).encode(), durable=False)
         except OSError:
             pass  # a read-only cache: scanned again next time
-    return seen[key]
+    return largest
 
 
 def vocabulary_check(folder, meta, splits=('train', 'val')):
@@ -491,7 +498,7 @@ def vocabulary_check(folder, meta, splits=('train', 'val')):
                         f'tokenizer and vocabulary, e.g. {{"tokenizer": "llama3", "vocab_size": 128256}}')
     if meta is None and magic == shards.GPT2_MAGIC:
         return f"note: {folder} holds llm.c shards of GPT-2 tokens (magic 20240520) and no meta.json: vocabulary 50,257"
-    largest = max(max_token(f) for t in opened.values() for f in t.files)
+    largest = max_token([f for t in opened.values() for f in t.entries])
     if meta is None:
         return (f"note: {folder} has no meta.json or meta.pkl, so its tokens are taken as GPT-2's "
                 f"(vocabulary 50,257, padded to 50,304); its largest token id is {largest:,}"

@@ -142,6 +142,19 @@ def head_groups(cfg, kind):
     raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(ATTENTIONS)}")
 
 
+def kernel_heads(cfg):
+    """The model's heads as the attention kernels see them, as plain data: one dict per group
+    of heads of every layer (its family, heads, query streams, softmax) with the settings the
+    kernels read (head size, causal, windows, linear's norm, HA's order and shared keys).
+    train.py gives them to the kernel preflight: attention_kernels/ knows nothing of this file."""
+    family = {'sa': 'sa', 'linear': 'linear', 'hfa_v1': 'hfa', 'hfa_v2': 'hfa', 'ha': 'ha'}
+    return [dict(family=family[g.kind], heads=g.heads, factors=g.n_q, softmax=g.softmax, head_size=cfg.dh,
+                 causal=cfg.causal, window=cfg.attn_window if cfg.causal else 0, norm=cfg.linear_norm,
+                 order=cfg.ha_order, windows=[cfg.ha_window1, cfg.ha_window2] if cfg.causal else [0, 0],
+                 shared=cfg.ha_share_kv)
+            for layer in cfg.layer_attentions() for g in head_groups(cfg, layer)]
+
+
 class Heads(nn.Module):
     """A group of heads with one fused input projection x -> (queries, keys, values).
 

@@ -21,6 +21,7 @@ import os
 
 from errors import ArgumentParser  # one-line messages for bad input, the command line's too
 import data
+import shards
 
 
 def main():
@@ -35,14 +36,15 @@ def main():
     p.add_argument('--hf_revision', default=None, help='Hub branch, tag or commit, e.g. refs/convert/parquet')
     p.add_argument('--hf_config', default=None, help='Hub dataset configuration name, if it has several')
     p.add_argument('--shard_tokens', type=int, default=None,
-                   help='tokens per shard; 0: one train.bin and val.bin (default: 100M for the Hub or a local source of '
-                        'more bytes than that, else 0)')
+                   help='tokens per shard, at most 2,147,483,647 (the header holds an int32); 0: one train.bin and '
+                        'val.bin (default: 100M for the Hub or a local source of more bytes than that, else 0)')
     p.add_argument('--num_proc', type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument('--sample_by', choices=['line', 'paragraph', 'document'], default=None,
                    help='how a text file splits into documents (default: paragraph; a folder: document per file)')
     a = p.parse_args()
-    if a.shard_tokens is not None and a.shard_tokens < 0:
-        p.error(f"--shard_tokens={a.shard_tokens} is negative; give a token count, or 0 for single files")
+    if a.shard_tokens is not None and not 0 <= a.shard_tokens <= shards.MAX_SHARD_TOKENS:
+        p.error(f"--shard_tokens={a.shard_tokens:,} is out of range: a shard's header counts its tokens in an int32; "
+                f"give 1 to {shards.MAX_SHARD_TOKENS:,} tokens per shard, or 0 for single files")
     hub_name = a.hf_id.rstrip('/').split('/')[-1].lower() + (f'_{a.hf_config}' if a.hf_config else '')
     name = a.name or ('openwebtext' if a.source == 'openwebtext' and a.hf_id == p.get_default('hf_id') else
                       hub_name if a.source == 'openwebtext' else a.source if a.source in ('shakespeare', 'milton')

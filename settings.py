@@ -126,8 +126,12 @@ TRAIN = {
                         "cores shared out)", '>= 0'),
         'kernel_preflight_timeout': S(120.0, "seconds for the preflight, after its imports: on CUDA, before training, "
                                              "each Triton kernel the run uses runs first in a child process; a crash, "
-                                             "a hang past this or a mismatch sends its family to PyTorch (off with "
-                                             "the self-check; docs/reliability.md)", '> 0'),
+                                             "a hang past this or a mismatch sends its family to PyTorch, cached (off "
+                                             "with the self-check; docs/reliability.md). Under torchrun both "
+                                             "preflight timeouts + 30 s must fit in ddp_timeout", '> 0'),
+        'preflight_import_timeout': S(120.0, "seconds each preflight child may take to import torch and triton "
+                                             "(a cold network file system): past it the family uses PyTorch for this "
+                                             "run, not cached: the next run checks again", '> 0'),
     },
 }
 

@@ -7,8 +7,11 @@ order. A file is headerless uint16 tokens (nanoGPT's), or llm.c's format: a head
 int32 (magic 20240520, version 1, the token count) and then uint16 tokens; magic 20240801,
 version 7, marks uint32 tokens (LLaMA-3's vocabulary). A headerless GPT-2 file cannot be taken
 for a headered one: the magic would be its first two tokens, 54,216 and 308, and GPT-2 has
-50,257. Every file is memory-mapped, never read whole, and a split is one sequence: its files
-end to end (Tokens), so the same tokens as one file or as shards give the same windows.
+50,257. A split is one sequence: its files end to end (Tokens), so the same tokens as one file
+or as shards give the same windows. Only headers are read when a split opens; a window is read
+from its file(s) when drawn (os.pread), through a pool of at most MAX_OPEN descriptors (fewer
+under a low `ulimit -n`): FineWeb's thousands of shards open under the common limit of 1,024,
+and nothing stays mapped, so resident memory does not grow with the tokens read.
 
 Shards are written (write_split) in llm.c's format, each to a temporary name and flushed to
 disk; a progress file then records it and where the next one starts (document, and tokens of
@@ -17,21 +20,31 @@ starts again at shard k+1: it tokenizes nothing before that point again and rewr
 """
 
 import bisect
+import errno
 import functools
 import json
 import os
 import re
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from errors import UserError
 
+try:  # imported now: with no descriptor left, an import would fail where it is needed
+    import resource
+except ImportError:
+    resource = None
+
 HEADER_INTS = 256  # llm.c's header: 256 int32, of which [0] magic, [1] version, [2] token count
 FORMATS = {20240520: (1, np.dtype('<u2')), 20240801: (7, np.dtype('<u4'))}  # magic: (version, tokens)
 GPT2_MAGIC = 20240520
 SHARD_TOKENS = 100_000_000  # llm.c's FineWeb shards hold 100M tokens; ours do by default
+MAX_SHARD_TOKENS = 2 ** 31 - 1  # the header's token count is an int32
+MAX_OPEN = 1024  # token files held open at once, per process (a quarter of `ulimit -n` at most)
 PROGRESS = 'prepare.json'   # in a folder being prepared: the settings and how far it got
 
 
@@ -42,24 +55,34 @@ def split_files(folder, split):
     one = folder / f'{split}.bin'
     try:
         shards = sorted(p for p in folder.iterdir() if re.fullmatch(rf'(.+_)?{split}_.+\.bin', p.name))
-    except OSError:  # no such folder: nothing in it
+    except (FileNotFoundError, NotADirectoryError):  # no such folder: nothing in it
         shards = []
+    except OSError as e:  # there, but not listed (no descriptor left, no permission): said as such
+        raise UserError(_unreadable(folder, e))
     if shards and one.exists():
         raise UserError(f"{folder} holds both {one.name} and {len(shards)} {split} shard(s) ({shards[0].name}, ...); "
                         f"a split is one or the other: move one of them out of the folder")
     return shards or ([one] if one.exists() else [])
 
 
-def open_file(path):
-    """One token file, memory-mapped. Returns (tokens, magic): magic None for headerless uint16."""
+class File(NamedTuple):
+    """One token file, its header checked: where its tokens start (bytes), how many, of what width."""
+    path: Path
+    magic: Optional[int]  # None: headerless uint16 (nanoGPT's)
+    dtype: np.dtype
+    offset: int
+    count: int
+
+
+def token_file(path):
+    """One token file's header (or its size, headerless), checked; nothing is kept open."""
     path = Path(path)
     try:
         size = path.stat().st_size
         with open(path, 'rb') as f:
             head = np.frombuffer(f.read(12), dtype='<i4')
     except OSError as e:
-        raise UserError(f"{path} cannot be read ({e.strerror or e}); check that the file is there and readable "
-                        f"(under torchrun: on every node)")
+        raise UserError(_unreadable(path, e))
     magic, version, count = (int(x) for x in head) if len(head) == 3 else (0, 0, -1)
     header = HEADER_INTS * 4
     if magic in FORMATS:
@@ -70,26 +93,119 @@ def open_file(path):
         if count < 1 or size != header + count * dtype.itemsize:
             raise UserError(f"{path}: its header says {count:,} tokens ({header + count * dtype.itemsize:,} bytes) "
                             f"but the file holds {size:,} bytes (cut short?); download or prepare it again")
-        return np.memmap(path, dtype=dtype, mode='r', offset=header, shape=(count,)), magic
+        return File(path, magic, dtype, header, count)
     if version in (1, 7) and count > 0 and size in (header + 2 * count, header + 4 * count):
         raise UserError(f"{path} has an llm.c header with magic {magic}, not 20240520 (uint16 tokens) or 20240801 "
                         f"(uint32 tokens): not a token shard, or a corrupt one; download or prepare it again")
     if size == 0 or size % 2:  # uint16 tokens: 2 bytes each
         raise UserError(f"{path} holds {size:,} bytes, {'nothing' if not size else 'an odd number'}: not a file of "
                         f"uint16 tokens (cut short?); re-run the prepare script")
-    return np.memmap(path, dtype=np.uint16, mode='r'), None
+    return File(path, None, np.dtype('<u2'), 0, size // 2)
+
+
+def _unreadable(path, e):
+    if e.errno == errno.EMFILE:  # not the file's fault: the process's limit on open files
+        return (f"{path} cannot be opened: this process has too many files open (ulimit -n "
+                f"{_soft_limit()}); raise it (ulimit -n 4096) or close what else holds files")
+    return (f"{path} cannot be read ({e.strerror or e}); check that the file is there and readable "
+            f"(under torchrun: on every node)")
+
+
+def _soft_limit():
+    """The process's limit on open files (`ulimit -n`)."""
+    if resource is None:  # not Unix
+        return 1024
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+class _OpenFiles:
+    """The token files a process reads from, open read-only: at most a fixed share of the
+    process's open-file limit, the least recently read closed first. A split of thousands of
+    shards (FineWeb's) so never holds a descriptor per shard, and reads (os.pread) keep no
+    pages mapped: resident memory stays flat however many tokens are read."""
+
+    def __init__(self):
+        self.fds, self.lock = OrderedDict(), threading.Lock()
+
+    def limit(self):
+        return max(4, min(MAX_OPEN, _soft_limit() // 4))
+
+    def read(self, f, start, stop):
+        """Tokens start..stop (0 <= start <= stop <= f.count) of the File f, a fresh array."""
+        out = np.empty(stop - start, f.dtype)
+        buf, at = memoryview(out).cast('B'), f.offset + start * f.dtype.itemsize
+        with self.lock:  # a descriptor is never closed under a read
+            fd = self._fd(f.path)
+            done = 0
+            try:
+                while done < len(buf):
+                    n = os.preadv(fd, [buf[done:]], at + done) if hasattr(os, 'preadv') else \
+                        _copy_into(buf[done:], os.pread(fd, len(buf) - done, at + done))
+                    if n == 0:
+                        raise UserError(f"{f.path} ended before its {f.count:,} tokens (cut short or replaced while "
+                                        f"training?); download or prepare it again")
+                    done += n
+            except OSError as e:
+                self.close(f.path)
+                raise UserError(_unreadable(f.path, e))
+        return out
+
+    def _fd(self, path):
+        if path in self.fds:
+            self.fds.move_to_end(path)
+            return self.fds[path]
+        while len(self.fds) >= self.limit():
+            os.close(self.fds.popitem(last=False)[1])
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            if e.errno != errno.EMFILE or not self.fds:
+                raise UserError(_unreadable(path, e))
+            self.close_all()  # the rest of the process took the descriptors: give ours back and retry
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise UserError(_unreadable(path, e))
+        self.fds[path] = fd
+        return fd
+
+    def close(self, path):
+        fd = self.fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close_all(self):
+        while self.fds:
+            os.close(self.fds.popitem()[1])
+
+    def __len__(self):
+        return len(self.fds)
+
+
+def _copy_into(buf, data):
+    buf[:len(data)] = data
+    return len(data)
+
+
+OPEN = _OpenFiles()  # one pool for the process: every split's files together
+
+
+def read(f, start=0, stop=None):
+    """Tokens start..stop of one File (default: all of it), read into a fresh array."""
+    stop = f.count if stop is None else stop
+    return OPEN.read(f, start, stop)
 
 
 class Tokens:
     """A split as one sequence: its files end to end. Offsets run over the whole, so a window
-    may cross from one shard into the next, exactly as it would in one file of the same tokens."""
+    may cross from one shard into the next, exactly as it would in one file of the same tokens.
+    A slice is read from the files (a fresh array), through a bounded pool of descriptors."""
 
-    def __init__(self, parts, files, magic):
-        self.parts = [p.view(np.ndarray) for p in parts]  # plain views of the maps: faster to slice
-        self.files, self.magic, self.dtype = files, magic, parts[0].dtype
-        self.starts = np.cumsum([0] + [len(p) for p in parts]).tolist()
-        sizes = [len(p) for p in parts]  # shards of one size but the last (ours, llm.c's): found by division
-        self.size = sizes[0] if len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0] else None
+    def __init__(self, files):
+        self.entries = files
+        self.files, self.magic, self.dtype = [f.path for f in files], files[0].magic, files[0].dtype
+        self.starts = np.cumsum([0] + [f.count for f in files]).tolist()
 
     def __len__(self):
         return self.starts[-1]
@@ -98,15 +214,15 @@ class Tokens:
         if not isinstance(s, slice) or s.step not in (None, 1):
             raise TypeError("Tokens takes slices with step 1")
         start, stop, _ = s.indices(len(self))
-        i = min(start // self.size, len(self.parts) - 1) if self.size else bisect.bisect_right(self.starts, start) - 1
-        if stop <= self.starts[i + 1]:  # within one file: a view, nothing copied
-            return self.parts[i][start - self.starts[i]:max(start, stop) - self.starts[i]]
+        if stop <= start:
+            return np.empty(0, self.dtype)
+        i = bisect.bisect_right(self.starts, start) - 1  # the file that holds `start` (start < len)
         pieces = []
         while start < stop:
             end = min(stop, self.starts[i + 1])
-            pieces.append(self.parts[i][start - self.starts[i]:end - self.starts[i]])
+            pieces.append(read(self.entries[i], start - self.starts[i], end - self.starts[i]))
             start, i = end, i + 1
-        return np.concatenate(pieces)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def open_split(folder, split, listed=None):
@@ -124,20 +240,20 @@ def open_split(folder, split, listed=None):
         for p in files:
             if p.name not in want:
                 raise UserError(f"{p} is not one of the shards meta.json lists; move it out of the folder")
-    opened = [open_file(p) for p in files]
-    magics = {m for _, m in opened}
+    opened = [token_file(p) for p in files]
+    magics = {f.magic for f in opened}
     if len(magics) > 1:
         kinds = {}  # the first file of each kind, in name order
-        for p, (_, m) in zip(files, opened):
-            kinds.setdefault(m, p.name)
+        for f in opened:
+            kinds.setdefault(f.magic, f.path.name)
         raise UserError(f"the {split} files of {folder} are of different kinds: " + ', '.join(
             f"{name} {describe(m)}" for m, name in kinds.items()) + "; a split needs one tokenizer and one token "
             f"width: keep the files of one preparation")
-    for p, (tokens, _) in zip(files, opened):
-        if listed and len(tokens) != want[p.name]:
-            raise UserError(f"{p} holds {len(tokens):,} tokens but meta.json lists {want[p.name]:,}; the files "
+    for f in opened:
+        if listed and f.count != want[f.path.name]:
+            raise UserError(f"{f.path} holds {f.count:,} tokens but meta.json lists {want[f.path.name]:,}; the files "
                             f"come from different preparations: prepare the data again")
-    return Tokens([t for t, _ in opened], files, magics.pop())
+    return Tokens(opened)
 
 
 def describe(magic):

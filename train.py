@@ -47,7 +47,7 @@ import run_folder  # noqa: E402
 import settings  # noqa: E402
 from attention_kernels import preflight  # noqa: E402
 from errors import UserError  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, kernel_heads  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # the configuration: settings.TRAIN's defaults, a resumed checkpoint's config over them, then
@@ -174,7 +174,9 @@ if ckpt is not None and not eval_only and checkpoint.finished(ckpt, ckpt_path, m
 
 # each Triton kernel the run uses runs first in a child process (local rank 0 of each node): a
 # crash, hang or mismatch sends its family to PyTorch; kernel='triton' stops here, nothing written
-kernel_paths = preflight.run(gptconf, device, dtype, block_size, kernel_preflight_timeout, local_rank)
+kernel_paths = preflight.run(kernel_heads(gptconf), gptconf.kernel, device, dtype, block_size,
+                             kernel_preflight_timeout, local_rank, preflight_import_timeout,
+                             ddp_timeout if ddp else None, gptconf.kernel_check)
 
 # everything the user gave has been checked: only now does the run take out_dir and write
 out = Path(out_dir)

@@ -8,21 +8,43 @@ it cannot survive an illegal memory access (the CUDA context is lost and the pro
 under torchrun with every rank), a launch that never returns, or a compile that aborts. So
 before the first training step, on CUDA with kernel='auto' or 'triton' and kernel_check=True:
 
+- the caller says which heads the model has (`heads`: one plain dict per group of heads, its
+  family, head count, factors, head size, windows...; model.kernel_heads builds them): this
+  package knows nothing of the model;
 - for each family whose Triton form the dispatch picks at the run's configuration class
   (family, dtype, head size, causal / window form, the tile table; the guard's class string,
   at the run's sequence length), a child process (`python -m attention_kernels.preflight`)
   runs that form's forward and backward on one sequence of two heads at the run's length and
   compares output and gradients with the PyTorch form in float64 (the guard's rule and
-  tolerances). The children run at once, one per family, under one timeout (the setting
-  kernel_preflight_timeout, TIMEOUT_S by default);
-- a crash (a non-zero exit or a signal), a timeout, an exception (compile or launch) or a
-  mismatch sends that family to PyTorch (attention_kernels.use_pytorch) with one line naming
-  the family, the stage, its configuration class and what happened; kernel='triton' stops
-  the run with that line instead, before anything is written;
-- the verdict is cached in $NANOHFA_CACHE/preflight.json per (GPU and compute capability,
-  driver, torch, triton, a hash of attention_kernels' sources, configuration class and
-  length), so a second run on the machine starts no child; a changed kernel or driver checks again;
-- under torchrun local rank 0 of each node runs it and `agree` all-reduces the verdicts, so a
+  tolerances). The children run at once, one per family. Each says on its stdout (a file)
+  which stage it reached: 'ready' once torch and triton are imported, then 'fwd', 'bwd',
+  'compare' while the kernel runs. The imports have their own budget (import_timeout, the
+  setting preflight_import_timeout), the kernel the other (timeout,
+  kernel_preflight_timeout);
+- the verdict blames the kernel only for what the kernel did once running: a crash (a
+  non-zero exit or a signal it raised itself: SIGABRT, SIGSEGV...), a hang past the timeout,
+  an exception (compile or launch) or a mismatch. Those send the family to PyTorch
+  (attention_kernels.use_pytorch) with one line naming the family, the stage, its
+  configuration class and what happened, and are cached. What the machine did is not the
+  kernel's: imports past their budget (a cold network file system), a child that died before
+  the kernel ran, a signal from outside (SIGKILL: the out-of-memory killer; SIGTERM, SIGINT,
+  SIGHUP), CUDA out of memory. Those too send the family to PyTorch for this run, with a
+  line that says so, but are not cached: the next run checks again. kernel='triton' stops
+  the run with the line instead, before anything is written;
+- verdicts are cached per user, outside the checkout, in cache_dir()/preflight.json
+  ($NANOHFA_CACHE, else $XDG_CACHE_HOME/nanohfa, else ~/.cache/nanohfa) per (GPU and compute
+  capability, driver, torch, triton, a hash of attention_kernels' sources, configuration
+  class and length), so a second run starts no child; a changed kernel or driver checks
+  again. The file is read-merged-written under a lock (flock on preflight.json.lock) through
+  a uniquely named temporary file, so runs on several nodes sharing a home folder add their
+  verdicts without losing any; a cache that cannot be written is one warning, and the run
+  goes on. `python -m attention_kernels.preflight --forget FAMILY` removes verdicts;
+- a stop during the preflight (SIGTERM, SIGINT, SIGHUP to this process) kills the children
+  before the process ends by that signal, and a child dies with its parent (Linux:
+  PR_SET_PDEATHSIG), so no child keeps the GPU;
+- under torchrun local rank 0 of each node runs it while the other ranks wait for it in the
+  process group's start, for at most ddp_timeout: the two budgets must fit inside it, or the
+  run stops with one line before anything runs. `agree` then all-reduces the verdicts, so a
   family that failed on any node uses PyTorch on every rank (DDP and FSDP never mix kernels).
 
 Test hook: NANOHFA_PREFLIGHT_ENTRIES names a Python file whose ENTRIES dict ({family: fn},
@@ -33,6 +55,7 @@ run it on CPU), with everything else (children, timeout, comparison, cache, disp
 code a GPU run uses.
 
     python -m attention_kernels.preflight --report out.json   # GPT-2-small classes (gpu_check.sh)
+    python -m attention_kernels.preflight --forget ha         # check HA's classes again next run
 """
 
 import functools
@@ -45,6 +68,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,9 +79,13 @@ from attention_kernels import guard
 
 TIMEOUT_S = 120  # per child, from its imports done to its verdict: compiling a family's kernels + the check
 START_S = 120  # per child, for its imports (torch, triton: tens of seconds on a cold network file system)
+MARGIN_S = 30  # under torchrun, beyond the two budgets: the children's start and end, the process group's start
+LOCK_WAIT_S = 30  # for the cache's lock: a writer holds it for milliseconds
 ENTRIES_ENV = 'NANOHFA_PREFLIGHT_ENTRIES'
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_FILE = 'preflight.json'
+KERNEL_STAGES = ('fwd', 'bwd', 'compare')  # the kernel is running (compare: the float64 reference after it)
+OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # sent to a child, not raised by it
 CUDA_ERRORS = {  # torch says the CUDA error's text; the line also gives its number, which searches find
     'an illegal memory access': ('illegal memory access', 700), 'misaligned address': ('misaligned address', 716),
     'illegal instruction': ('illegal instruction', 715), 'too many resources requested': ('out of resources', 701),
@@ -65,7 +93,7 @@ CUDA_ERRORS = {  # torch says the CUDA error's text; the line also gives its num
 
 
 def _stop(line):
-    """kernel='triton': the run stops with this line (the scripts' one-line error, exit 2)."""
+    """The run stops with this line (the scripts' one-line error, exit 2)."""
     try:
         from errors import UserError  # train.py's folder
     except ImportError:
@@ -77,28 +105,30 @@ def _stop(line):
 # what to check: one case per family whose Triton form the run's dispatch picks
 
 
-def cases(cfg, dtype, T, device):
-    """{family: case} for the model config `cfg` (GPTConfig) on `device` with attention inputs
-    of `dtype` (a name) and length T. A case is a plain dict (it travels to the child as JSON).
-    Attention-weight dropout is left out: evaluation runs without it, on the Triton forms."""
-    from model import head_groups  # the model's heads: which families, with how many streams
+def cases(heads, kernel, dtype, T, device):
+    """{family: case} for the model's `heads` (a list of plain dicts, one per group of heads:
+    family ('sa', 'linear', 'hfa', 'ha'), heads, factors (HFA's A), softmax, head_size, causal,
+    window, norm (linear), order, windows, shared (HA); model.kernel_heads) under the `kernel`
+    setting, on `device` with attention inputs of `dtype` (a name) and length T. A case is a
+    plain dict (it travels to the child as JSON). Attention-weight dropout is left out:
+    evaluation runs without it, on the Triton forms."""
     if attention_kernels.load_triton() is not None:  # no Triton kernel runs (kernel='triton' says so at the model)
         return {}
     fake = _fake_entries()
-    kind = 'triton' if fake is not None else cfg.kernel  # the fakes: Triton forms wherever they'd run
+    kind = 'triton' if fake is not None else kernel  # the fakes: Triton forms wherever they'd run
     dev_type = 'cuda' if fake is not None else torch.device(device).type
-    window = cfg.attn_window if cfg.causal else 0
     out = {}
-    for group in (g for layer in cfg.layer_attentions() for g in head_groups(cfg, layer)):
-        family = {'linear': 'linear', 'hfa_v1': 'hfa', 'hfa_v2': 'hfa', 'ha': 'ha'}.get(group.kind)
-        if family is None or family in out:
+    for h in heads:
+        family = h['family']
+        if family == 'sa' or family in out:
             continue
-        case = dict(family=family, dtype=dtype, T=T, dh=cfg.dh, heads=min(2, group.heads), causal=cfg.causal,
-                    device=device, window=window, A=group.n_q, norm=cfg.linear_norm, order=cfg.ha_order,
-                    windows=[cfg.ha_window1, cfg.ha_window2] if cfg.causal else [0, 0], shared=cfg.ha_share_kv)
-        long_causal = family == 'linear' and cfg.causal and not window and T >= attention_kernels.CHUNKED_MIN_T
-        form = attention_kernels.route(kind, family, getattr(torch, dtype), dev_type, softmax=group.softmax,
-                                       order=cfg.ha_order, factors=group.n_q, head_size=cfg.dh,
+        window = h['window'] if h['causal'] else 0
+        case = dict(family=family, dtype=dtype, T=T, dh=h['head_size'], heads=min(2, h['heads']), causal=h['causal'],
+                    device=device, window=window, A=h['factors'], norm=h['norm'], order=h['order'],
+                    windows=list(h['windows']) if h['causal'] else [0, 0], shared=h['shared'])
+        long_causal = family == 'linear' and h['causal'] and not window and T >= attention_kernels.CHUNKED_MIN_T
+        form = attention_kernels.route(kind, family, getattr(torch, dtype), dev_type, softmax=h['softmax'],
+                                       order=h['order'], factors=h['factors'], head_size=h['head_size'],
                                        long_causal=long_causal)
         if form.startswith('triton'):
             out[family] = dict(case, form=form, config=config_class(case, form))
@@ -195,8 +225,22 @@ def check(case, report):
                              sdpa_qkv(*[x.detach() for x in xs]), geometry)
 
 
-def child_main(case_json):
+def _die_with_parent(parent):
+    """Linux: this process gets SIGKILL when its parent dies (even by SIGKILL), so no child of
+    a killed run keeps the GPU; if the parent is already gone, end now."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's stop handler is what there is
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def child_main(case_json, parent):
     """The child process: one JSON line per stage on stdout, then the verdict."""
+    _die_with_parent(parent)
+
     def report(**kw):
         print(json.dumps({**kw, 't': time.time()}), flush=True)
     case = json.loads(case_json)
@@ -208,48 +252,77 @@ def child_main(case_json):
         report(verdict='ok' if why is None else 'mismatch', detail=why)
     except Exception as e:  # a compile or launch failure: the parent decides what it costs
         lines = str(e).strip().splitlines()
-        report(verdict='error', detail=f"{type(e).__name__}: {lines[0] if lines else ''}")
+        report(verdict='error', detail=f"{type(e).__name__}: {lines[0] if lines else ''}",
+               oom=isinstance(e, torch.OutOfMemoryError) or 'CUDA out of memory' in str(e))
 
 
 # -----------------------------------------------------------------------------
-# the parent: children, their verdicts, the cache
+# the parent: children, their verdicts
 
 
 def _spawn(name, case, folder):
-    """Start the child for `case`, its stdout and stderr in files (no pipe to fill)."""
+    """Start the child for `case`, its stdout and stderr in files (no pipe to fill), in a
+    session of its own: the parent stops it, and whatever it started, as one group."""
     t0 = time.time()
     out = open(folder / f"{name}.out", 'w')
     err = open(folder / f"{name}.err", 'w')
-    proc = subprocess.Popen([sys.executable, '-m', 'attention_kernels.preflight', '--child', json.dumps(case)],
-                            cwd=ROOT, stdout=out, stderr=err)  # our process group: Ctrl-C reaches it too
+    proc = subprocess.Popen([sys.executable, '-m', 'attention_kernels.preflight', '--child', json.dumps(case),
+                             str(os.getpid())], cwd=ROOT, stdout=out, stderr=err, start_new_session=True)
     out.close()
     err.close()
     return proc, t0
 
 
-def _verdict(name, proc, started, folder, killed):
-    """What the child's files and exit say (killed: why the parent killed it, or None):
-    {'ok', 'stage', 'what', 'start_s', 'check_s'}."""
-    records = [json.loads(x) for x in (folder / f"{name}.out").read_text().splitlines() if x.startswith('{')]
+def _kill(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # already gone
+        pass
+    proc.wait()
+
+
+def _records(name, folder):
+    return [json.loads(x) for x in (folder / f"{name}.out").read_text().splitlines() if x.startswith('{')]
+
+
+def _verdict(name, proc, started, folder, killed, budgets):
+    """What the child's files and exit say. killed: why the parent killed it ('import' or
+    'hang'), or None. {'ok', 'kernel' (the verdict is about the kernel: cached), 'stage',
+    'what', 'start_s', 'check_s'}."""
+    records = _records(name, folder)
     err = (folder / f"{name}.err").read_text()
-    stages = [r['stage'] for r in records if r.get('stage') in ('fwd', 'bwd', 'compare')]
-    stage = stages[-1] if stages else 'start'  # where it ended: 'start' is before the kernel ran
+    stages = [r['stage'] for r in records if r.get('stage') in ('ready',) + KERNEL_STAGES]
+    stage = stages[-1] if stages else 'start'  # where it ended: 'start' (imports) and 'ready' are before the kernel
+    running = stage in KERNEL_STAGES
     ready = next((r['t'] for r in records if r.get('stage') == 'ready'), None)
     end = records[-1]['t'] if records else time.time()
-    res = dict(stage=stage, start_s=round(ready - started, 2) if ready else None,
-               check_s=round(end - ready, 2) if ready else None, ok=False)
+    res = dict(stage=stage if running else 'start', start_s=round(ready - started, 2) if ready else None,
+               check_s=round(end - ready, 2) if ready else None, ok=False, kernel=running)
     final = records[-1] if records and 'verdict' in records[-1] else None
-    if killed:
-        res['what'] = killed
+    if killed == 'import':
+        res['what'] = (f"the preflight's process took more than {budgets[0]:g} s to import torch and triton "
+                       f"(preflight_import_timeout)")
+    elif killed == 'hang':
+        res['what'] = (f"no result within {budgets[1]:g} s in the preflight (a hang; if only slow, raise "
+                       f"kernel_preflight_timeout, and under torchrun ddp_timeout with it)" if running else
+                       f"the preflight's process stopped before running the kernel (for {budgets[1]:g} s)")
     elif final and final['verdict'] == 'ok':
         res['ok'], res['what'] = True, 'passed the preflight'
     elif final and final['verdict'] == 'mismatch':
         res['stage'] = 'fwd' if final['detail'].startswith('out ') else 'bwd'
         res['what'] = f"disagrees with PyTorch in the preflight: {final['detail']}"
+    elif proc.returncode < 0 and -proc.returncode in OUTSIDE:  # the child does not send these to itself
+        name_ = signal.Signals(-proc.returncode).name
+        res['kernel'] = False
+        res['what'] = (f"the preflight's process was killed from outside ({name_}"
+                       + (": out of memory?" if -proc.returncode == signal.SIGKILL else '') + ')')
     else:
         text = final['detail'] if final else err
         cuda = next((v for k, v in CUDA_ERRORS.items() if k in text), None)
-        if cuda:
+        if final and final.get('oom'):
+            res['kernel'] = False
+            res['what'] = f"out of GPU memory in the preflight (another process on the GPU?): {final['detail']}"
+        elif cuda:
             res['what'] = f"{cuda[0]} in the preflight (CUDA error {cuda[1]})"
         elif final:
             res['what'] = f"raised in the preflight: {final['detail']}"
@@ -261,42 +334,59 @@ def _verdict(name, proc, started, folder, killed):
     return res
 
 
-def _ready(name, folder):
-    """When the child said its imports were done, or None."""
-    for x in (folder / f"{name}.out").read_text().splitlines():
-        if x.startswith('{"stage": "ready"'):
-            return json.loads(x)['t']
-    return None
+class _Stopped(BaseException):
+    """A stop signal reached the parent while its children ran."""
 
 
-def run_children(todo, timeout):
-    """{family: verdict} for {family: case}: one child each, all at once; a child past START_S
-    for its imports or `timeout` after them is killed (a hang)."""
+def _on_stop(signum, frame):
+    raise _Stopped(signum)
+
+
+def run_children(todo, timeout, import_timeout=START_S):
+    """{family: verdict} for {family: case}: one child each, all at once; a child past
+    import_timeout for its imports or `timeout` after them is killed. A stop signal kills the
+    children, then ends this process by that signal (its previous handler's action)."""
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                handlers[sig] = signal.signal(sig, _on_stop)
+    stopped = None
     with tempfile.TemporaryDirectory(prefix='nanohfa-preflight-') as d:
         folder = Path(d)
-        running = {f: _spawn(f, case, folder) for f, case in todo.items()}
-        verdicts = {}
+        running, verdicts = {}, {}
         try:
+            for f, case in todo.items():
+                running[f] = _spawn(f, case, folder)
             while running:
                 time.sleep(0.05)
                 for f, (proc, t0) in list(running.items()):
                     killed = None
                     if proc.poll() is None:
-                        ready = _ready(f, folder)
-                        if time.time() < (ready + timeout if ready else t0 + START_S):
+                        ready = next((r['t'] for r in _records(f, folder) if r.get('stage') == 'ready'), None)
+                        if time.time() < (ready + timeout if ready else t0 + import_timeout):
                             continue
-                        proc.kill()
-                        proc.wait()
-                        killed = (f"no result within {timeout:g} s in the preflight (a hang, or raise "
-                                  f"kernel_preflight_timeout)" if ready else
-                                  f"the preflight's process took more than {START_S} s to import torch and triton")
-                    verdicts[f] = _verdict(f, proc, t0, folder, killed)
+                        _kill(proc)
+                        killed = 'hang' if ready else 'import'
+                    verdicts[f] = _verdict(f, proc, t0, folder, killed, (import_timeout, timeout))
                     del running[f]
-        finally:  # interrupted (Ctrl-C, an error): no child outlives the parent
+        except _Stopped as e:
+            stopped = e.args[0]
+        finally:  # stopped, interrupted, an error: no child outlives the parent
+            late = []  # a second signal while the children are killed: noted, not raised in the middle
+            for sig in handlers:
+                signal.signal(sig, lambda signum, frame: late.append(signum))
             for proc, _ in running.values():
-                proc.kill()
-                proc.wait()
-        return {f: verdicts[f] for f in todo}
+                _kill(proc)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            stopped = stopped if stopped is not None or not late else late[0]
+    if stopped is not None:
+        print(f"nanoHFA: {signal.Signals(stopped).name} during the kernel preflight: its {len(running)} child "
+              f"process(es) stopped, nothing written", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), stopped)  # the previous handler's action: by default the process ends by it
+        raise SystemExit(128 + stopped)  # a handler that returned: the preflight has no verdict to give
+    return {f: verdicts[f] for f in todo}
 
 
 def machine(device):
@@ -329,9 +419,20 @@ def source_hash():
     return h.hexdigest()[:12]
 
 
+# -----------------------------------------------------------------------------
+# the cache: per user, outside the checkout, written under a lock
+
+
+def cache_dir():
+    """$NANOHFA_CACHE, else $XDG_CACHE_HOME/nanohfa, else ~/.cache/nanohfa: the user's, not the
+    checkout's (which every node of a cluster may share, and every user of it)."""
+    if os.environ.get('NANOHFA_CACHE'):
+        return Path(os.environ['NANOHFA_CACHE'])
+    return Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'nanohfa'
+
+
 def cache_path():
-    from tokenizer import CACHE  # the project's cache folder ($NANOHFA_CACHE, else cache/)
-    return Path(CACHE) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def _read_cache(path):
@@ -341,28 +442,78 @@ def _read_cache(path):
         return {}
 
 
-def _write_cache(path, new):
-    """Add entries; written whole to a temporary file, then renamed (no half-written file)."""
-    table = {**_read_cache(path), **new}
+def _update_cache(path, change):
+    """table -> table, applied under the cache's lock (flock on <path>.lock; NFS maps it to its
+    locks) to the file as it is now, written whole to a uniquely named temporary file and renamed
+    (no half-written file, no lost entry when several runs write at once). Returns the new
+    table. OSError when the folder cannot be written (read-only, full) or the lock not had."""
+    import fcntl
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    os.replace(tmp, path)
+    with open(path.with_name(path.name + '.lock'), 'a') as lock:
+        deadline = time.time() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    raise OSError(f"its lock {lock.name} was held for more than {LOCK_WAIT_S} s")
+                time.sleep(0.05)
+        table = change(_read_cache(path))
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix='.tmp')
+        try:
+            with os.fdopen(fd, 'w') as f:
+                f.write(json.dumps(table, indent=1))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return table  # the lock goes with the file's closing
 
 
-def verdicts(todo, timeout):
+def _write_cache(path, new):
+    """Add verdicts to the cache; a cache that cannot be written is a warning (checked again
+    next run), never the end of the run. Returns whether they were written."""
+    try:
+        _update_cache(path, lambda table: {**table, **new})
+        return True
+    except OSError as e:
+        print(f"nanoHFA: warning: the kernel preflight's verdicts cannot be cached in {path} "
+              f"({e.strerror or e}); they are checked again next run (NANOHFA_CACHE names another folder)",
+              file=sys.stderr, flush=True)
+        return False
+
+
+def forget(prefix, path=None):
+    """Remove the cached verdicts whose configuration class starts with `prefix` (a family:
+    'ha'; or a class as a line gives it), on every machine. Returns how many went."""
+    path = path or cache_path()
+    if not path.exists():
+        return 0
+    gone = []
+
+    def drop(table):
+        gone[:] = [k for k in table if k.split(' | ', 1)[-1].startswith(prefix)]
+        return {k: v for k, v in table.items() if k not in gone}
+    _update_cache(path, drop)
+    return len(gone)
+
+
+def verdicts(todo, timeout, import_timeout=START_S):
     """{family: verdict} for {family: case}: from the cache where it holds one, else from the
-    children (whose verdicts are then cached); 'cached' says which."""
+    children; the verdicts about a kernel are then cached, those about the machine not.
+    'cached' says which came from the cache, 'stored' whether a fresh one was cached."""
     path = cache_path()
     prefix = f"{machine(next(iter(todo.values()))['device'])} src {source_hash()}"
     keys = {f: f"{prefix} | {case['config']}" for f, case in todo.items()}
     table = _read_cache(path)
     missing = {f: case for f, case in todo.items() if keys[f] not in table}
-    fresh = run_children(missing, timeout) if missing else {}
-    if fresh:
-        stamp = time.strftime('%Y-%m-%d %H:%M')
-        _write_cache(path, {keys[f]: {**v, 'when': stamp} for f, v in fresh.items()})
-    return {f: {**fresh[f], 'cached': False} if f in fresh else {**table[keys[f]], 'cached': True} for f in todo}
+    fresh = run_children(missing, timeout, import_timeout) if missing else {}
+    stamp = time.strftime('%Y-%m-%d %H:%M')
+    keep = {keys[f]: {**v, 'when': stamp} for f, v in fresh.items() if v['kernel']}
+    stored = _write_cache(path, keep) if keep else False
+    return {f: {**fresh[f], 'cached': False, 'stored': stored and fresh[f]['kernel']} if f in fresh
+            else {**table[keys[f]], 'cached': True} for f in todo}
 
 
 # -----------------------------------------------------------------------------
@@ -372,32 +523,53 @@ def verdicts(todo, timeout):
 def line(case, v, kernel):
     """The one line a family's verdict gets."""
     f = case['family']
-    when = f" (cached {v.get('when', '')}, {CACHE_FILE})" if v['cached'] else ''
+    again = f"python -m attention_kernels.preflight --forget {f} checks it again"
+    if v['cached']:
+        note = f" (cached {v.get('when', '')} in {cache_path()}" + (f"; {again})" if not v['ok'] else ')')
+    elif not v['kernel']:
+        note = ": not the kernel's doing, so not cached: the next run checks it again"
+    elif not v['ok'] and v.get('stored'):
+        note = f" (cached in {cache_path()}; {again})"
+    else:
+        note = ''
     if v['ok']:
         took = '' if v['cached'] else f" (child start {v['start_s']} s, check {v['check_s']} s)"
-        return f"kernels: {f} on Triton ({case['config']}): passed the preflight{took}{when}"
+        return f"kernels: {f} on Triton ({case['config']}): passed the preflight{took}{note}"
     end = f"kernel='triton' stops here (kernel='auto' would use PyTorch for {f})" if kernel == 'triton' \
         else f"using PyTorch for {f}"
-    return f"triton {f} {v['stage']} ({case['config']}): {v['what']}{when}; {end}"
+    return f"triton {f} {v['stage']} ({case['config']}): {v['what']}{note}; {end}"
 
 
-def run(cfg, device, dtype, T, timeout=TIMEOUT_S, local_rank=0):
-    """The preflight of every Triton kernel the run will use (the module docstring). Returns
-    {family: {'path': 'triton' | 'pytorch' | None (not checked on this process), 'why'}} for
-    run.json; sends failed families to PyTorch, or (kernel='triton') stops with one line."""
+def budget_check(timeout, import_timeout, ddp_timeout):
+    """Under torchrun the other ranks wait for this node's preflight in the process group's
+    start, for at most ddp_timeout: the preflight's budgets must fit in it, or the run stops."""
+    need = import_timeout + timeout + MARGIN_S
+    if ddp_timeout is not None and need > ddp_timeout:
+        _stop(f"preflight_import_timeout={import_timeout:g} s + kernel_preflight_timeout={timeout:g} s "
+              f"(+ {MARGIN_S} s) exceed ddp_timeout={ddp_timeout:g} s: under torchrun the other ranks would stop "
+              f"waiting for the preflight; raise ddp_timeout to at least {need:g} or lower the preflight's timeouts")
+
+
+def run(heads, kernel, device, dtype, T, timeout=TIMEOUT_S, local_rank=0, import_timeout=START_S,
+        ddp_timeout=None, check=True):
+    """The preflight of every Triton kernel the run will use (the module docstring), for the
+    model's `heads` (cases()) under its `kernel` setting (check=False: none). ddp_timeout:
+    under torchrun, the limit the preflight must fit in. Returns {family: {'path': 'triton' |
+    'pytorch' | None (not checked on this process), 'why'}} for run.json; sends failed
+    families to PyTorch, or (kernel='triton') stops with one line."""
     fake = _fake_entries()
-    if not cfg.kernel_check or cfg.kernel not in ('auto', 'triton') \
-            or (torch.device(device).type != 'cuda' and fake is None):
+    if not check or kernel not in ('auto', 'triton') or (torch.device(device).type != 'cuda' and fake is None):
         return {}
-    todo = cases(cfg, dtype, T, device)
+    todo = cases(heads, kernel, dtype, T, device)
     if not todo:
         return {}
+    budget_check(timeout, import_timeout, ddp_timeout)  # on every rank alike: the same settings
     if local_rank != 0:  # one process per node checks; agree() tells the others
         return {f: {'path': None, 'why': 'checked by local rank 0'} for f in todo}
     paths = {}
-    for f, v in verdicts(todo, timeout).items():
-        text = line(todo[f], v, cfg.kernel)
-        if not v['ok'] and cfg.kernel == 'triton':
+    for f, v in verdicts(todo, timeout, import_timeout).items():
+        text = line(todo[f], v, kernel)
+        if not v['ok'] and kernel == 'triton':
             _stop(text)
         if v['ok']:
             print(text, flush=True)
@@ -436,20 +608,25 @@ def agree(paths, kernel, device):
 # gpu_check.sh: the classes a GPT-2-small run of each Triton family uses, fresh, as JSON
 
 
-def report(out, timeout, device='cuda', T=1024, head_sizes=(64, 128), dtype='bfloat16'):
+def gpt2_small_heads(family, dh):
+    """The heads of a GPT-2-small layer (width 768) of one family at head size dh, as
+    model.kernel_heads gives them: linear, HFA (A = 2) or HA (windows 512 x 32, config/ha.py)."""
+    return dict(family=family, heads=768 // dh, factors=2 if family == 'hfa' else 1, softmax=family != 'linear',
+                head_size=dh, causal=True, window=0, norm=False, order=3,
+                windows=[512, 32] if family == 'ha' else [0, 0], shared=False)
+
+
+def report(out, timeout, device='cuda', T=1024, head_sizes=(64, 128), dtype='bfloat16', import_timeout=START_S):
     """Each family's verdict at GPT-2 small's width (768) for each head size, fresh (no cache),
     one JSON line each as they come and all in `out`. Returns 0: a failed kernel is a verdict."""
-    from model import GPTConfig
     records = []
     todo = {}
     for dh in head_sizes:
-        for name, kw in (('linear', dict(attention='linear')), ('hfa', dict(attention='hfa_v1')),
-                         ('ha', dict(attention='ha', ha_window1=512, ha_window2=32))):
-            cfg = GPTConfig(n_head=768 // dh, n_embd=768, **kw)
-            case = cases(cfg, dtype, T, device).get(name)
+        for name in ('linear', 'hfa', 'ha'):
+            case = cases([gpt2_small_heads(name, dh)], 'auto', dtype, T, device).get(name)
             if case:
                 todo[f"{name} dh={dh}"] = case
-    for name, v in run_children(todo, timeout).items():
+    for name, v in run_children(todo, timeout, import_timeout).items():
         rec = dict(case=name, config=todo[name]['config'], verdict='ok' if v['ok'] else v['what'],
                    stage=v['stage'], start_s=v['start_s'], check_s=v['check_s'])
         print(json.dumps(rec), flush=True)
@@ -460,18 +637,34 @@ def report(out, timeout, device='cuda', T=1024, head_sizes=(64, 128), dtype='bfl
 
 if __name__ == '__main__':
     if sys.argv[1:2] == ['--child']:
-        child_main(sys.argv[2])
+        child_main(sys.argv[2], int(sys.argv[3]))
         os._exit(0)  # the verdict is out; torch's and triton's teardown took 3 s more on CPU
     else:
         import argparse
-        p = argparse.ArgumentParser(description='the preflight of the Triton kernels, GPT-2-small classes')
-        p.add_argument('--report', required=True, help='the JSON file of verdicts')
+        p = argparse.ArgumentParser(description="the preflight of the Triton kernels: GPT-2-small classes "
+                                                "(--report), or cached verdicts removed (--forget)")
+        p.add_argument('--report', help='the JSON file of verdicts at GPT-2-small classes, fresh')
+        p.add_argument('--forget', metavar='CLASS', help="remove the cached verdicts whose configuration class "
+                                                         "starts with this: a family ('ha') or a class from a line")
         p.add_argument('--timeout', type=float, default=TIMEOUT_S)
+        p.add_argument('--import_timeout', type=float, default=START_S)
         p.add_argument('--device', default='cuda')
         p.add_argument('--T', type=int, default=1024)
         p.add_argument('--dh', default='64,128', help='head sizes')
         p.add_argument('--dtype', default='bfloat16')
         a = p.parse_args()
+        if a.forget:
+            try:
+                n = forget(a.forget)
+            except OSError as e:
+                print(f"error: {cache_path()} cannot be changed ({e.strerror or e}); check that its folder is "
+                      f"writable, or set NANOHFA_CACHE to the cache the runs use", file=sys.stderr)
+                sys.exit(2)
+            print(f"{n} cached verdict(s) of {a.forget!r} removed from {cache_path()}; the next run checks again")
+            sys.exit(0)
+        if not a.report:
+            p.error('give --report FILE or --forget CLASS')
         sys.path.insert(0, str(ROOT))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # gpu_check.sh's timeout: children killed too
-        sys.exit(report(a.report, a.timeout, a.device, a.T, [int(x) for x in a.dh.split(',')], a.dtype))
+        sys.exit(report(a.report, a.timeout, a.device, a.T, [int(x) for x in a.dh.split(',')], a.dtype,
+                        a.import_timeout))

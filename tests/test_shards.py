@@ -34,6 +34,13 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_
 HA = ['--attention=ha', '--ha_order=3', '--ha_window1=8', '--ha_window2=4']
 
 
+@pytest.fixture(autouse=True)
+def _no_file_left_open():
+    """The files a test read stay in the process's pool of open token files: closed after it."""
+    yield
+    shards.OPEN.close_all()
+
+
 def llmc_file(path, tokens, magic=20240520, version=1, dtype='<u2', count=None):
     """A shard as llm.c describes it: 256 little-endian int32 (magic, version, token count, zeros),
     then the tokens."""
@@ -80,6 +87,57 @@ def test_independent_shards_read_back_token_identical(tmp_path):
     for x, y in zip(data.windows(t, offsets, 16), data.windows(data.open_split(one, 'train', 16), offsets, 16)):
         assert torch.equal(x, y)
     assert data.check_vocabulary(sh, data.read_meta(sh)) is None
+
+
+def test_slices_of_unequal_shards_are_right_at_every_boundary(tmp_path):
+    """Every slice [a:b] of a split of shards of unequal sizes (a one-token shard among them),
+    negative and out-of-range ends and empty slices at and past the end included, is the
+    slice of one array of the same tokens."""
+    sizes = [3, 1, 6, 2, 1, 9, 4]
+    tokens = np.random.default_rng(3).integers(0, 16, sum(sizes)).astype(np.uint16)
+    d = tmp_path / 'unequal'
+    d.mkdir()
+    for k, part in enumerate(np.split(tokens, np.cumsum(sizes)[:-1])):
+        llmc_file(d / f'train_{k:06d}.bin', part)
+    t = shards.open_split(d, 'train')
+    n = len(tokens)
+    assert len(t) == n
+    for a in range(-n - 2, n + 3):
+        for b in range(-n - 2, n + 3):
+            got = t[a:b]
+            assert got.dtype == np.dtype('<u2') and got.tolist() == tokens[a:b].tolist(), (a, b)
+
+
+def many_shards(folder, count, per_shard=24, seed=4):
+    """`count` llm.c shards of `per_shard` tokens (ids < 16) in `folder`; returns their tokens."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = np.random.default_rng(seed).integers(0, 16, count * per_shard).astype(np.uint16)
+    for k in range(count):
+        llmc_file(folder / f'train_{k:06d}.bin', tokens[k * per_shard:(k + 1) * per_shard])
+    return tokens
+
+
+def open_descriptors():
+    return len(os.listdir('/proc/self/fd'))
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc/self/fd'), reason='counts descriptors in /proc (Linux)')
+def test_reading_two_thousand_shards_keeps_a_bounded_number_of_files_open(tmp_path):
+    """Opening a split of 2,000 shards keeps no file open; reading windows from every one of
+    them keeps at most the pool's limit open, and the tokens are those of one array."""
+    tokens = many_shards(tmp_path / 'many', 2000)
+    shards.OPEN.close_all()
+    before = open_descriptors()
+    t = shards.open_split(tmp_path / 'many', 'train')
+    assert open_descriptors() == before and len(t.files) == 2000
+    offsets = torch.arange(0, len(tokens) - 17, 7)  # windows in and across every shard
+    x, y = data.windows(t, offsets, 16)
+    want = np.stack([tokens[i:i + 17] for i in offsets.tolist()]).astype(np.int64)
+    assert (x.numpy() == want[:, :-1]).all() and (y.numpy() == want[:, 1:]).all()
+    assert 0 < len(shards.OPEN) <= shards.OPEN.limit() <= shards.MAX_OPEN
+    assert open_descriptors() - before == len(shards.OPEN)
+    shards.OPEN.close_all()
+    assert open_descriptors() == before
 
 
 def test_headerless_shards_and_uint32_shards(tmp_path):
@@ -423,10 +481,85 @@ def test_shard_unreadable_on_one_process_stops_every_process_with_one_line(runs)
     assert 'train.py", line' not in log and 'shards.py", line' not in log and 'step 0' not in log
 
 
+def open_file_limit(n):
+    """preexec_fn: the child's `ulimit -n` lowered to n (soft and hard), as on a cluster node."""
+    def lower():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    return lower
+
+
+@pytest.mark.slow
+def test_two_thousand_shards_train_under_ulimit_1024_as_one_file(tmp_path):
+    """A train split of 2,000 shards and a val split of 300, under `ulimit -n 1024` (more shards
+    than descriptors): train.py opens, checks and trains on them, with the losses of one file of
+    the same tokens."""
+    sh, one = tmp_path / 'shards', tmp_path / 'one'
+    train = many_shards(sh, 2000)
+    val = np.random.default_rng(5).integers(0, 16, 300 * 8).astype(np.uint16)
+    for k in range(300):
+        llmc_file(sh / f'val_{k:06d}.bin', val[k * 8:(k + 1) * 8])
+    one.mkdir()
+    train.tofile(one / 'train.bin')
+    val.tofile(one / 'val.bin')
+    for d in (sh, one):
+        char_meta(d)
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    procs = {name: subprocess.Popen([PY, 'train.py', *TINY, f'--data_dir={d}', f'--out_dir={tmp_path / (name + "_out")}'],
+                                    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    preexec_fn=open_file_limit(1024))
+             for name, d in (('shards', sh), ('one', one))}
+    logs = {name: p.communicate(timeout=300)[0] for name, p in procs.items()}
+    assert procs['shards'].returncode == 0 and procs['one'].returncode == 0, logs['shards'][-3000:]
+    a, b = (jsonl(tmp_path / f'{name}_out' / 'train_log.jsonl') for name in ('one', 'shards'))
+    assert len(a) == 8 and [x['loss'] for x in a] == [x['loss'] for x in b]
+    ea, eb = (jsonl(tmp_path / f'{name}_out' / 'log.jsonl') for name in ('one', 'shards'))
+    assert [(x['train_loss'], x['val_loss']) for x in ea] == [(x['train_loss'], x['val_loss']) for x in eb]
+
+
+FILES_TAKEN = """
+import os, sys
+import shards
+held = []
+try:
+    while True:  # the rest of the process takes every descriptor left
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+shards.open_split(sys.argv[1], 'train')
+"""
+
+
+@pytest.mark.slow
+def test_no_descriptor_left_is_said_as_the_open_file_limit_not_a_missing_file(tmp_path):
+    many_shards(tmp_path / 'many', 3)
+    r = subprocess.run([PY, '-c', FILES_TAKEN, str(tmp_path / 'many')], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, preexec_fn=open_file_limit(64))
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
+    assert r.stderr.strip() == (f"error: {tmp_path / 'many'} cannot be opened: this process has "
+                                f"too many files open (ulimit -n 64); raise it (ulimit -n 4096) or close what else "
+                                f"holds files")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('value', ['2147483648', '-1'])
+def test_shard_tokens_out_of_the_headers_range_is_refused_at_parsing(tmp_path, value):
+    """A shard's header counts its tokens in an int32: 2**31 tokens would crash at the first
+    header, hours into a preparation; refused before anything is read or written."""
+    r = subprocess.run([PY, 'prepare_openwebtext.py', f'--shard_tokens={value}', f'--source={corpus(tmp_path)}',
+                        f'--root={tmp_path / "data"}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and 'Traceback' not in r.stderr
+    assert r.stderr.strip() == (f"error: --shard_tokens={int(value):,} is out of range: a shard's header counts its "
+                                f"tokens in an int32; give 1 to 2,147,483,647 tokens per shard, or 0 for single files "
+                                f"(see prepare_openwebtext.py --help)")
+    assert not (tmp_path / 'data').exists()
+
+
 @pytest.mark.slow
 def test_bench_shards_writes_its_record(tmp_path):
     """bench.py --shards: windows/s from shards and from one file of the same tokens (it checks
-    that both give the same batches) and the resident memory of opening the shards, as JSON."""
+    that both give the same batches), the resident memory of opening and of reading them and
+    the files left open, as JSON."""
     out = tmp_path / 'shards.json'
     r = subprocess.run([PY, 'bench.py', '--shards', '--shard_count=20', '--shard_tokens=200000', '--shard_batches=20',
                         '--rounds=1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -435,4 +568,6 @@ def test_bench_shards_writes_its_record(tmp_path):
     [rec] = json.loads(out.read_text())
     assert rec['shard_count'] == 20 and rec['data_bytes'] == 2 * 20 * 200000
     assert rec['windows_per_s_shards'] > 0 and rec['windows_per_s_one_file'] > 0 and rec['ratio'] > 0
-    assert 0 <= rec["open_rss_bytes"] < 2 ** 20  # 8 MB of tokens: mapped, not read
+    assert 0 <= rec["open_rss_bytes"] < 2 ** 20  # 8 MB of tokens: headers read, not the tokens
+    assert {'read_rss_bytes', 'open_rss_bytes_one_file', 'windows_read'} <= set(rec)
+    assert 0 < rec['files_open'] <= rec['files_open_limit']
