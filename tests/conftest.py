@@ -86,6 +86,10 @@ def _state():
 import attention_kernels  # noqa: E402
 
 TRITON_ERROR = attention_kernels.load_triton()
+try:  # scikit-learn sets KMP_DUPLICATE_LIB_OK on its first import (lm-eval's metrics import it):
+    import sklearn  # noqa: E402, F401  imported once here, so no test is blamed for that import
+except ImportError:
+    pass
 _STATE_AT_START = _state()
 
 
