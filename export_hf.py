@@ -21,6 +21,7 @@ is complete and transformers has loaded it and given the checkpoint's logits (sk
 """
 
 import argparse
+import errno
 import os
 import shutil
 import sys
@@ -54,6 +55,7 @@ def main(argv=None):
     import checkpoint
     import data
     import hf_folder
+    from safetensors import SafetensorError
     path = Path(args.out_dir) / 'ckpt.pt' if args.out_dir else Path(args.init_from)
     to = Path(args.to)
     if to.exists() and not (args.overwrite and hf_folder.config_of(to) is not None):
@@ -73,17 +75,28 @@ def main(argv=None):
         fmt = hf_folder.write(model.eval(), record, new, source, args.format,
                               kernel=ckpt['model_args'].get('kernel', 'auto'))
         worst = None if args.skip_check else hf_folder.check(new, model)
-        if to.exists():  # --overwrite: the old export goes only once the new one is in place
-            os.rename(to, work / 'replaced')
-        os.rename(new, to)
-    except OSError as e:
-        raise UserError(f"could not write {to} ({e.strerror or e}); nothing was changed there: free some space or "
-                        f"give another --to")
+        old = work / 'replaced'
+        if to.exists() and args.overwrite:  # the old export goes only once the new one is complete
+            os.rename(to, old)
+        try:
+            os.rename(new, to)
+        except OSError:
+            if old.exists():
+                os.rename(old, to)
+            raise
+    except (OSError, SafetensorError) as e:  # safetensors' own error for a failed write of the weights
+        if getattr(e, 'errno', None) in (errno.EEXIST, errno.ENOTEMPTY) and new.exists() and to.exists():
+            raise UserError(f"--to={to} was created by another process while this export ran; nothing was "
+                            f"changed there: give another --to, or --overwrite")
+        why = getattr(e, 'strerror', None) or str(e).split('I/O error: ')[-1]
+        raise UserError(f"could not write {to} ({why}); nothing was changed there: free some space or give "
+                        f"another --to")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    code = 'the model code carried in it (trust_remote_code=True)' if fmt == 'nanohfa' else "transformers' GPT2LMHeadModel"
-    print(f"wrote {to}: {fmt} ({code}), {model.get_num_params(False):,} parameters, "
-          f"tokenizer {record.get('tokenizer')} ({record['vocab_size']} tokens)")
+    code = "the model's code carried in it: trust_remote_code=True" if fmt == 'nanohfa' else \
+        "transformers' GPT2LMHeadModel: no code carried"
+    print(f"wrote {to} ({code}): {model.get_num_params(False):,} parameters, {record.get('tokenizer')} tokenizer "
+          f"of {record['vocab_size']} tokens")
     if worst is not None:
         print(f"checked: transformers' AutoModelForCausalLM gives the checkpoint's logits (largest difference "
               f"{worst:.1e} of the largest logit)")

@@ -24,16 +24,15 @@ statement for statement, so line numbers match the originals. What else changes,
 - the Triton kernels are not carried (the dispatch picks PyTorch: attention_kernels.load_triton
   finds no kernel modules). Each is a stub that raises ImportError, as the lazy imports of ops.py
   name them and transformers wants every file it sees named;
-- torch.library custom ops are registered process-wide by name: the copies register theirs as
-  nanohfa_<hash of the carried code>::, so that loading a folder never replaces the project's
-  own nanohfa:: ops (nor those of a folder with other code) in the same process;
+- nothing else: the custom ops of a copy register under a namespace of the copy's own
+  (attention_kernels/op_common.py's NAMESPACE, from the module's name), so that loading a
+  folder never replaces the project's nanohfa:: ops, nor another folder's, in one process;
 - modeling_nanohfa.py ends with one `from .x import __name__` line per carried module: the
   modules imported as objects are otherwise invisible to transformers' copy (and to the Hub's
   download of a model's code).
 """
 
 import ast
-import hashlib
 import json
 import os
 import shutil
@@ -153,8 +152,6 @@ def carried_sources():
         "# `from .x import` line, the only imports transformers follows to copy a remote-code model's\n"
         "# files (the modules imported as objects, `from . import x`, it would miss)\n"
         + ''.join(f"from .{m} import __name__ as _  # noqa: E402\n" for m in manifest))
-    digest = hashlib.sha256(''.join(out[k] for k in sorted(out)).encode()).hexdigest()[:12]
-    out = {k: v.replace("custom_op('nanohfa::", f"custom_op('nanohfa_{digest}::") for k, v in out.items()}
     for k, v in out.items():
         compile(v, k, 'exec')  # a rewrite that broke the syntax fails here, not in the user's session
     return out
@@ -279,6 +276,11 @@ def check(folder, model):
     hf_logging.disable_progress_bar()
     try:
         hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    except OSError as e:  # its module cache: transformers copies the model's code there to import it
+        from transformers.utils import HF_MODULES_CACHE
+        raise UserError(f"transformers could not load the folder it was given ({e.strerror or e}); its module cache "
+                        f"HF_MODULES_CACHE={HF_MODULES_CACHE} must be a writable folder (or skip this check: "
+                        f"--skip_check); nothing was written") from None
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
