@@ -48,9 +48,9 @@ def init_kind(init_from, choices):
         kind = None
     if kind not in choices:
         first = ', '.join(repr(c) for c in ('scratch', 'resume') if c in choices)
-        file = ', or a checkpoint file (ckpt.pt) or a folder written by export_hf.py' if 'file' in choices else ''
+        file = '; or a checkpoint file (ckpt.pt) or a folder written by export_hf.py;' if 'file' in choices else ','
         raise UserError(f"init_from must be {first}, one of {', '.join(GPT2_NAMES)} or a folder holding a Hugging "
-                        f"Face GPT-2 (config.json){file}, not {init_from!r}")
+                        f"Face GPT-2 (config.json){file} not {init_from!r}")
     return kind
 
 
