@@ -189,6 +189,9 @@ def tokenizer_files(record, block_size, folder):
         GPT2TokenizerFast(tokenizer_object=bpe, bos_token=eot, eos_token=eot, unk_token=eot,
                           model_max_length=block_size).save_pretrained(folder)
         return enc.eot, enc.eot
+    if record.get('tokenizer', 'char') != 'char' or not record.get('itos'):
+        raise UserError(f"this checkpoint's tokenizer is {record.get('tokenizer')!r}; export_hf.py writes GPT-2's BPE "
+                        f"or a character vocabulary (a nanoGPT checkpoint: give its dataset with --meta)")
     from tokenizers import Tokenizer, decoders, models
     itos = record['itos']
     chars = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(itos)}, merges=[]))
@@ -319,7 +322,7 @@ out = model.generate(**tokenizer("ROMEO:", return_tensors="pt"), max_new_tokens=
 print(tokenizer.decode(out[0]))
 ```
 
-`lm_eval --model hf --model_args pretrained=FOLDER{remote.replace(', ', ',').replace('=True', '=True')} --tasks ...`
+`lm_eval --model hf --model_args pretrained=FOLDER{remote.replace(', ', ',')} --tasks ...`
 (batch_size 1 for generation tasks: the model takes no padding). In the nanohfa codebase:
 `python train.py --init_from=FOLDER ...`, `python sample.py --init_from=FOLDER`.
 """

@@ -331,10 +331,11 @@ def test_gpt2_bpe_encodes_as_tiktoken(exported_bpe):
             assert hf.decode(hf.encode(t)) == t
     config = json.loads((exported_bpe['sa'][2] / 'config.json').read_text())
     assert config['model_type'] == 'gpt2' and config['vocab_size'] == 50304 and config['eos_token_id'] == enc.eot
-    model, _, folder = exported_bpe['ha']
     x = torch.tensor([enc.encode(BPE_TEXTS[-1])[:32]])
-    with torch.no_grad():
-        assert rel_diff(load_hf(folder)(x).logits, model(x, targets=x)[0]) <= 1e-6
+    for name in ('sa', 'ha'):
+        model, _, folder = exported_bpe[name]
+        with torch.no_grad():
+            assert rel_diff(load_hf(folder)(x).logits, model(x, targets=x)[0]) <= 1e-6, name
 
 
 # -----------------------------------------------------------------------------
@@ -370,6 +371,25 @@ def test_a_gpt2_folder_trained_in_transformers_keeps_its_biases(exported, tmp_pa
     with torch.no_grad():
         assert rel_diff(model(x, targets=x)[0], hf(x).logits) <= 1e-6
     assert not checkpoint.load_checkpoint(exported['sa'][2])['model_args']['bias']  # untouched: none, as trained
+
+
+def test_a_folder_saved_again_by_transformers_reads_back(exported, tmp_path):
+    """A folder with code, loaded, changed (as fine-tuning would) and saved again by transformers
+    (save_pretrained copies the carried code along): it opens again, and init_from reads the
+    changed weights."""
+    hf = load_hf(exported['layers'][2])
+    with torch.no_grad():
+        hf.gpt.transformer.h[2].attn.groups[0].c_attn.weight.mul_(0.5)
+    hf.save_pretrained(tmp_path / 'again')
+    assert {p.name for p in exported['layers'][2].glob('*.py')} <= {p.name for p in (tmp_path / 'again').glob('*.py')}
+    x = torch.randint(ENC.vocab_size, (2, 32), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert rel_diff(load_hf(tmp_path / 'again')(x).logits, hf(x).logits) == 0
+    ckpt = checkpoint.load_checkpoint(tmp_path / 'again')
+    model = checkpoint.model_from_checkpoint(ckpt, tmp_path / 'again')
+    with torch.no_grad():
+        assert rel_diff(model(x, targets=x)[0], hf(x).logits) <= 1e-6
+    assert ckpt['model_args']['attn_layers'] == 'sa,hfa_v1,ha' and ckpt['tokenizer'] == ENC.meta()
 
 
 @pytest.fixture(scope='module')
@@ -449,6 +469,7 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
     ours = run_tasks(lm_eval_model.NanoHFA(path=str(run), device='cpu', batch_size=4))
     theirs = run_tasks('hf', model_args=f'pretrained={folder},trust_remote_code=True,dtype=float32', device='cpu',
                        batch_size=1)
+    worst = 0.0
     for task in names:
         a, b = metrics(ours, task), metrics(theirs, task)
         assert a.keys() == b.keys() and a, task
@@ -462,8 +483,10 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
             else:
                 flat = lambda s: [float(x) for r in s['resps'] for x in (r[0] if isinstance(r[0], tuple) else r)]
                 assert flat(sb) == pytest.approx(flat(sa), rel=1e-5, abs=1e-6)
+                worst = max([worst] + [abs(x - y) / max(abs(x), 1e-9) for x, y in zip(flat(sa), flat(sb))])
     assert len({s['resps'][0][0] for s in theirs['samples'][GEN]}) > 1  # texts that vary: a real comparison
     print('\n'.join(f"| {k} | {a:.10g} | {b:.10g} |" for k, (a, b) in EVAL_NUMBERS.items() if k.startswith(name)))
+    print(f"| {name} per-request log-likelihoods, largest relative difference | {worst:.1e} |")
 
 
 @pytest.mark.slow
