@@ -99,6 +99,8 @@ def rel_diff(got, want):
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
     """Every variant trained-as-saved and exported by export_hf.py (its own check included)."""
+    from transformers.utils import HF_MODULES_CACHE
+    assert HF_MODULES_CACHE == os.environ['HF_MODULES_CACHE']  # the session's (conftest), not the user's
     tmp = tmp_path_factory.mktemp('hf')
     out = {}
     for name in VARIANTS:
@@ -176,6 +178,10 @@ def test_the_carried_code_is_the_projects_own(exported):
                 assert re.match(r'\s*(import|from) ', a), (name, a, b)
     assert matched == set(carried)  # nothing else in the folder
     assert 'attention_kernels_preflight.py' not in carried  # only what model.py reaches
+    # what transformers checks is installed before it runs a file from the Hub: no module of ours
+    from transformers.dynamic_module_utils import get_imports
+    ours = {p.stem for p in ROOT.glob('*.py')} | {'attention_kernels'}
+    assert not {m for f in carried for m in get_imports(folder / f)} & ours
     from attention_kernels.ha import ops
     package = type(load_hf(folder)).__module__.rsplit('.', 1)[0]
     theirs = sys.modules[f'{package}.attention_kernels_ha_ops'].ha3_blockwise_fwd
