@@ -1,9 +1,9 @@
 """
 Checkpoints: what train.py writes (atomically, with every process's RNG state, so a resumed
 run continues exactly) and what train.py, sample.py and interactions.py read back (this
-project's checkpoints, nanoGPT's, and GPT-2's weights), safely. What goes into a checkpoint
-is train.py's choice; this module gathers, writes and reads it. Every failure is a
-UserError saying what is wrong and how to fix it.
+project's checkpoints, nanoGPT's, the Hugging Face folders export_hf.py writes (hf_folder.py),
+and GPT-2's weights), safely. What goes into a checkpoint is train.py's choice; this module
+gathers, writes and reads it. Every failure is a UserError saying what is wrong and how to fix it.
 
 ckpt.pt holds the optimizer as optimizer.state_dict() does, its state keyed by the parameter's
 position in the groups; torch.distributed.checkpoint keys it by parameter name. Under FSDP
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import configurator
 import data
+import hf_folder
 import hub
 import run_folder
 from errors import UserError
@@ -29,26 +30,27 @@ GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
 
 
 def init_kind(init_from, choices):
-    """What init_from names: 'scratch', 'resume', 'gpt2' (a name or a Hugging Face folder) or
-    'file' (a checkpoint to start from); one of `choices`, else a one-line refusal."""
+    """What init_from names: 'scratch', 'resume', 'gpt2' (a name or a Hugging Face GPT-2 folder) or
+    'file' (a checkpoint to start from, or a folder export_hf.py wrote); one of `choices`, else a
+    one-line refusal."""
     if init_from in ('scratch', 'resume'):
         kind = init_from
     elif init_from in GPT2_NAMES or (Path(init_from) / 'config.json').is_file():
-        kind = 'gpt2'
+        kind = 'file' if hf_folder.config_of(init_from) is not None else 'gpt2'
     elif Path(init_from).is_file():
         kind = 'file'
     elif not Path(init_from).exists() and ('/' in init_from or os.sep in init_from or
                                             init_from.endswith(('.pt', '.pth', '.ckpt'))):  # meant a path
-        what = 'a checkpoint file (ckpt.pt) or a Hugging Face GPT-2 folder' if 'file' in choices else \
-            'a Hugging Face GPT-2 folder (config.json)'
+        what = ('a checkpoint file (ckpt.pt), a folder written by export_hf.py or a Hugging Face GPT-2 folder'
+                if 'file' in choices else 'a Hugging Face GPT-2 folder (config.json)')
         raise UserError(f"init_from {init_from!r}: file not found; give the path of {what}")
     else:
         kind = None
     if kind not in choices:
         first = ', '.join(repr(c) for c in ('scratch', 'resume') if c in choices)
-        file = ', or a checkpoint file (ckpt.pt)' if 'file' in choices else ''
+        file = '; or a checkpoint file (ckpt.pt) or a folder written by export_hf.py;' if 'file' in choices else ','
         raise UserError(f"init_from must be {first}, one of {', '.join(GPT2_NAMES)} or a folder holding a Hugging "
-                        f"Face GPT-2 (config.json){file}, not {init_from!r}")
+                        f"Face GPT-2 (config.json){file} not {init_from!r}")
     return kind
 
 
@@ -60,6 +62,8 @@ def load_checkpoint(path, missing='train first, or set --out_dir'):
     nanoGPT's (whose parameter names are mapped to ours). A file that pickles code is refused
     as unsafe; one that is not a checkpoint, or is cut short, as corrupt."""
     path = Path(path)
+    if path.is_dir() and hf_folder.config_of(path) is not None:
+        return read_hf_folder(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; {missing}")
     try:
@@ -75,6 +79,16 @@ def load_checkpoint(path, missing='train first, or set --out_dir'):
         raise UserError(f"{path} is a torch file but not a training checkpoint (it has no model and model_args); "
                         f"give the ckpt.pt that train.py wrote")
     return ckpt if 'rng' in ckpt else from_nanogpt(ckpt)
+
+
+def read_hf_folder(path):
+    """A folder export_hf.py wrote, as a checkpoint (hf_folder.read); one that cannot be read, in one line."""
+    from safetensors import SafetensorError
+    try:
+        return hf_folder.read(path)
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:  # missing, truncated, not ours
+        raise UserError(f"the Hugging Face folder {path} cannot be read ({hub.first_line(e, 200)}); export the "
+                        f"checkpoint again (python export_hf.py --out_dir=... --to={path} --overwrite)")
 
 
 def from_nanogpt(ckpt):

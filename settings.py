@@ -35,7 +35,8 @@ TRAIN = {
         'eval_only': S(False, "evaluate once and exit (writes nothing to out_dir)"),
         'always_save_checkpoint': S(True, "else only when val loss improves"),
         'init_from': S('scratch', "'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', "
-                                  "'gpt2-xl', a Hugging Face GPT-2 folder, or a checkpoint file to start from its weights"),
+                                  "'gpt2-xl', a Hugging Face GPT-2 folder, or a checkpoint file or a folder export_hf.py "
+                                  "wrote, to start from its weights"),
         'keep_last': S(0, "also keep the last k checkpoints as ckpt_<iter>.pt", '>= 0'),
     },
     'wandb logging (optional; works with WANDB_MODE=offline)': {
@@ -138,7 +139,7 @@ TRAIN = {
 SAMPLE = {
     '': {
         'init_from': S('resume', "'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', "
-                                 "a Hugging Face GPT-2 folder, or a checkpoint file"),
+                                 "a Hugging Face GPT-2 folder, a checkpoint file or a folder export_hf.py wrote"),
         'out_dir': S('out', "the training run whose ckpt.pt to sample from", 'non-empty'),
         'meta': S('', "the tokenizer of a checkpoint that carries none (nanoGPT's): its dataset folder or "
                       "meta.pkl; default: data/<its dataset>"),

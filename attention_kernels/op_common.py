@@ -9,7 +9,16 @@ The ops take flattened heads, q (N, Tq, dh) and k, v (N, Tk, dh) with N = batch 
 each family's wrapper takes the model's (B, H, T, dh).
 """
 
+import hashlib
+
 import torch
+
+# The namespace the custom ops are registered under. torch.library registers ops process-wide, by
+# name, and registering a name again replaces the first op under the code still bound to it; so
+# a copy of this code imported under another module name (a Hugging Face folder's, hf_folder.py)
+# registers its ops under a namespace of its own, and never touches these.
+NAMESPACE = 'nanohfa' if __name__ == 'attention_kernels.op_common' else \
+    f"nanohfa_{hashlib.sha256(__name__.encode()).hexdigest()[:16]}"
 
 
 def flat(t):

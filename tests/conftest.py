@@ -8,7 +8,8 @@ pytest is invoked, and the session leaves no trace.
   be green with no kernel tested); elsewhere (macOS, Windows: no triton wheel) they skip.
 
 - Caches live in one temporary folder for the session: ours (NANOHFA_CACHE), tiktoken's,
-  Hugging Face's, wandb's, matplotlib's, pip's, triton's. They are set in this process's
+  Hugging Face's (its module cache too, where transformers copies a folder's code), wandb's,
+  matplotlib's, pip's, triton's. They are set in this process's
   environment, which the scripts the tests start inherit; the user's shell is untouched and
   the folder is removed at the end. No test reaches the Hugging Face Hub (offline mode on;
   a test that checks the offline probe itself takes these variables out for its subprocess).
@@ -40,6 +41,7 @@ SESSION_ENV = {
     'HF_HOME': os.path.join(SESSION_DIR, 'hf'),
     'HF_HUB_CACHE': os.path.join(SESSION_DIR, 'hf', 'hub'),
     'HF_DATASETS_CACHE': os.path.join(SESSION_DIR, 'hf', 'datasets'),
+    'HF_MODULES_CACHE': os.path.join(SESSION_DIR, 'hf', 'modules'),  # remote code of the exported folders
     'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1',
     'WANDB_MODE': 'offline', 'WANDB_DIR': os.path.join(SESSION_DIR, 'wandb'),
     'WANDB_CACHE_DIR': os.path.join(SESSION_DIR, 'wandb', 'cache'),

@@ -17,13 +17,13 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.ha import pytorch as torch_ha
-from attention_kernels.op_common import flat, keeps_fp32, load_triton, lse_dtype, or_empty
+from attention_kernels.op_common import NAMESPACE, flat, keeps_fp32, load_triton, lse_dtype, or_empty
 
 # -----------------------------------------------------------------------------
 # the blockwise PyTorch kernel
 
 
-@torch.library.custom_op('nanohfa::ha3_blockwise_fwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::ha3_blockwise_fwd', mutates_args=())
 def ha3_blockwise_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: int, causal: bool,
                       window1: int, window2: int, scale: float, block_q: int = 0, block_k: int = 0
                       ) -> tuple[Tensor, Tensor, Tensor]:
@@ -33,7 +33,7 @@ def ha3_blockwise_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor,
     return out, lse, or_empty(out32, q)
 
 
-@torch.library.custom_op('nanohfa::ha3_blockwise_bwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::ha3_blockwise_bwd', mutates_args=())
 def ha3_blockwise_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, out: Tensor, lse: Tensor,
                       dout: Tensor, offset: int, causal: bool, window1: int, window2: int, scale: float,
                       block_q: int = 0, block_k: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -69,7 +69,7 @@ def _check_args(q, k1, k2, v1, v2, offset, causal, window1, window2, scale):
     return n, xs, (q[:n], k1[:n], v1[:n]), (offset, causal, window1)
 
 
-@torch.library.custom_op('nanohfa::ha3_fwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::ha3_fwd', mutates_args=())
 def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: int, causal: bool,
             window1: int, window2: int, scale: float, strict: bool = True, check: bool = False
             ) -> tuple[Tensor, Tensor, Tensor]:
@@ -88,7 +88,7 @@ def ha3_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: i
     return out, lse, or_empty(out32, q)
 
 
-@torch.library.custom_op('nanohfa::ha3_bwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::ha3_bwd', mutates_args=())
 def ha3_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
             offset: int, causal: bool, window1: int, window2: int, scale: float, strict: bool = True,
             check: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

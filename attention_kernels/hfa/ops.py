@@ -13,7 +13,7 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.hfa.naive import naive_hfa
-from attention_kernels.op_common import flat, keeps_fp32, load_triton, or_empty
+from attention_kernels.op_common import NAMESPACE, flat, keeps_fp32, load_triton, or_empty
 
 
 def _config(q, offset, causal, window):
@@ -33,7 +33,7 @@ def _slice(q, k, v):
     return n, (q[:, :n], k[:, :n], v[:n])
 
 
-@torch.library.custom_op('nanohfa::hfa_fwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::hfa_fwd', mutates_args=())
 def hfa_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, scale: float,
             strict: bool = True, check: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, out32): out32 the fp32 output for bf16/fp16 inputs, else empty."""
@@ -57,7 +57,7 @@ def _(q, k, v, offset, causal, window, scale, strict=True, check=False):
             q.new_empty(q.shape[1:] if keeps_fp32(q.dtype) else (0,), dtype=torch.float32))
 
 
-@torch.library.custom_op('nanohfa::hfa_bwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::hfa_bwd', mutates_args=())
 def hfa_bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, offset: int, causal: bool,
             window: int, scale: float, strict: bool = True, check: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     load_triton()

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.linear.naive import naive_linear
-from attention_kernels.op_common import flat, load_triton
+from attention_kernels.op_common import NAMESPACE, flat, load_triton
 
 
 def _config(q, offset, causal, window, norm, chunked):
@@ -37,7 +37,7 @@ def _reference(offset, causal, window, norm, scale):
     return lambda q, k, v: naive_linear(q, k, v, offset, causal, window, norm, scale)
 
 
-@torch.library.custom_op('nanohfa::linear_fwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::linear_fwd', mutates_args=())
 def linear_fwd(q: Tensor, k: Tensor, v: Tensor, offset: int, causal: bool, window: int, norm: bool,
                scale: float, chunked: bool = False, strict: bool = True, check: bool = False) -> Tensor:
     load_triton()
@@ -64,7 +64,7 @@ def _(q, k, v, *args):
     return torch.empty_like(q)
 
 
-@torch.library.custom_op('nanohfa::linear_bwd', mutates_args=())
+@torch.library.custom_op(f'{NAMESPACE}::linear_bwd', mutates_args=())
 def linear_bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, offset: int, causal: bool, window: int,
                norm: bool, scale: float, chunked: bool = False, strict: bool = True, check: bool = False
                ) -> tuple[Tensor, Tensor, Tensor]:
