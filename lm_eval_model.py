@@ -1,13 +1,14 @@
 """
-Our checkpoints as an lm-evaluation-harness model: any attention variant, any kernel, as it is
-(no conversion to Hugging Face's format, which HFA and HyperAttention would not survive).
+Our checkpoints as an lm-evaluation-harness model: any attention variant, any kernel (the Triton
+ones included), straight from a checkpoint. (lm-eval's own `hf` model runs the same models
+through a folder written by export_hf.py, on their PyTorch forms: docs/huggingface.md.)
 
     import lm_eval, lm_eval_model          # importing registers the model as 'nanohfa'
     lm_eval.simple_evaluate(model='nanohfa', model_args='path=out-x', tasks=['wikitext'])
 
 `path` is an out_dir (its ckpt.pt), a checkpoint file (ours, nanoGPT's, an FSDP run's), or what
-init_from accepts for GPT-2's weights (a name in the Hugging Face cache, or a folder written by
-save_pretrained). The tokenizer is the checkpoint's own (its character table, or GPT-2's BPE
+init_from accepts (GPT-2's weights: a name in the Hugging Face cache, or a folder written by
+save_pretrained; a folder written by export_hf.py). The tokenizer is the checkpoint's own (its character table, or GPT-2's BPE
 through tiktoken); `meta=` reads a nanoGPT checkpoint's, as sample.py's --meta.
 
 How each request type is computed (lm-eval's rules, through its own helpers):

@@ -468,9 +468,10 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
     log-likelihood of every request and the same generated texts (the contexts are longer than
     block_size: both cut them from the left)."""
     import lm_eval_model  # first: it imports lm-eval and takes back the environment variables lm-eval sets
+    import lm_eval_tasks
     import lm_eval
     _, run, folder = exported[name]
-    names, manager = lm_eval_model.task_list([MC, TEXT, GEN], TASKS)
+    names, manager = lm_eval_tasks.task_list([MC, TEXT, GEN], TASKS)
     run_tasks = lambda model, **kw: lm_eval.simple_evaluate(model=model, tasks=names, task_manager=manager,
                                                             verbosity='ERROR', log_samples=True, **kw)
     ours = run_tasks(lm_eval_model.NanoHFA(path=str(run), device='cpu', batch_size=4))
@@ -499,7 +500,8 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
 @pytest.mark.slow
 def test_lm_evals_cli_runs_on_the_folder(exported, tmp_path):
     """The command a user types, offline, with the local task YAMLs: eval.py's numbers."""
-    import lm_eval_model
+    import lm_eval_model  # noqa: F401  first: it takes back the environment variables lm-eval sets
+    import lm_eval_tasks
     _, run, folder = exported['ha_shared_windows']
     env = {**os.environ, 'HF_MODULES_CACHE': str(tmp_path / 'modules')}
     r = subprocess.run([str(Path(sys.executable).parent / 'lm_eval'), '--model', 'hf', '--model_args',
@@ -508,7 +510,7 @@ def test_lm_evals_cli_runs_on_the_folder(exported, tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     cli = json.loads(next((tmp_path / 'out').rglob('results_*.json')).read_text())
-    ours = lm_eval_model.evaluate(run, [MC, TEXT, GEN], TASKS, bar=False, device='cpu')
+    ours = lm_eval_tasks.evaluate(run, [MC, TEXT, GEN], TASKS, bar=False, device='cpu')
     for task in (MC, TEXT, GEN):
         a, b = metrics(ours, task), metrics(cli, task)
         assert a.keys() == b.keys()
