@@ -7,13 +7,17 @@ operating system releases it when the process ends, however it ends, so a SIGKIL
 leaves a stale lock), and a run from scratch never replaces a checkpoint that is already
 there unless asked to, and then moves the old run aside instead of deleting it. A write that
 fails (a full disk) is one line naming the last good checkpoint. An evaluation's log line goes
-to Weights & Biases too, when asked, under nanoGPT's keys (wandb_record).
+to Weights & Biases too, when asked, under nanoGPT's keys (wandb_record). run.json records the
+code the run trained with (code_version: the git commit, a hash of uncommitted changes, a hash
+of the code files themselves), and the code of earlier segments where a resume changed it.
 """
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +25,8 @@ from pathlib import Path
 from errors import UserError
 
 RUN_FILES = ('ckpt.pt', 'log.jsonl', 'train_log.jsonl', 'run.json')  # with ckpt_<iter>.pt: one run's files
+ROOT = Path(__file__).resolve().parent
+CODE = (':(glob)*.py', ':(glob)attention_kernels/**/*.py')  # the code train.py runs (git pathspecs)
 
 
 def _lock(path, out_dir):
@@ -100,11 +106,59 @@ def trim_jsonl(path, keep):
         path.write_text(''.join(l + '\n' for l in lines))
 
 
+def code_version(root=ROOT):
+    """The code in `root` that train.py runs (the root's modules and attention_kernels/): the git
+    commit (None outside a git checkout), a hash of its uncommitted changes to that code (None when
+    there are none), and a hash of the files themselves, which decides whether two runs ran the same code."""
+    root = Path(root)
+    files = sorted(set(root.glob('*.py')) | set(root.glob('attention_kernels/**/*.py')))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode() + b'\0' + f.read_bytes() + b'\0')
+
+    def git(*cmd):
+        try:
+            r = subprocess.run(['git', '-C', str(root), *cmd], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout if r.returncode == 0 else None
+    commit = git('rev-parse', 'HEAD')
+    changes = None
+    if commit:
+        diff = (git('diff', 'HEAD', '--binary', '--', *CODE) or b'')
+        new = (git('ls-files', '--others', '--exclude-standard', '-z', '--', *CODE) or b'').split(b'\0')
+        diff += b''.join(n + b'\0' + (root / n.decode()).read_bytes() for n in new if n)
+        changes = hashlib.sha256(diff).hexdigest()[:16] if diff else None
+    return {'commit': commit.decode().strip() if commit else None, 'changes': changes,
+            'files': digest.hexdigest()[:16]}
+
+
+def code_text(code):
+    """A code record as one reads it: commit abc123def456 (+ uncommitted changes 0f3a...)."""
+    if not code:
+        return 'unrecorded code'
+    text = f"commit {code['commit'][:12]}" if code.get('commit') else f"code {code['files']} (no git commit)"
+    return text + (f" + uncommitted changes {code['changes']}" if code.get('changes') else '')
+
+
 def start_logs(out, run, resumed_at=None, evaluated=False):
     """The run's logs at its start. Resumed at iteration resumed_at: the lines logged after the
     checkpoint are dropped (those steps, and that iteration's evaluation unless `evaluated`,
-    will be done again); from scratch: no old logs. run.json gets `run` (config, model, sizes)."""
+    will be done again); from scratch: no old logs. run.json gets `run` (config, model, sizes) and
+    the code this segment runs; a resumed run that ran other code before keeps that under code_before."""
     out = Path(out)
+    run = {**run, 'code': code_version()}
+    if resumed_at is not None:
+        try:
+            before = json.loads((out / 'run.json').read_text())
+        except (OSError, json.JSONDecodeError):
+            before = {}
+        earlier = before.get('code_before', []) + [before['code']] if before.get('code') else []
+        if before.get('code') and before['code']['files'] != run['code']['files']:
+            print(f"resuming on other code than this run's last segment ({code_text(run['code'])} now, "
+                  f"{code_text(before['code'])} then); run.json keeps both")
+        if any(c['files'] != run['code']['files'] for c in earlier):
+            run['code_before'] = [c for c in earlier if c['files'] != run['code']['files']]
     try:
         if resumed_at is not None:
             trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] < resumed_at + evaluated)
