@@ -69,10 +69,14 @@ ENDED = {'COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'OUT_OF_MEMORY', 'NODE_F
 COMMAND_TIMEOUT_S = 60  # a SLURM command that has not answered by then is given up and tried again
 BACKOFF_S = (1, 2, 4, 8, 16)  # the pauses between tries: 31 s in all before a command is given up
 UNREACHABLE_NOTE_S = 300  # --wait says so when squeue has not answered for this long
-# errors that a later try may not meet (anything else from scontrol requeue, or sbatch, is SLURM's answer)
+# sbatch's errors that a later try may not meet (any other is SLURM's answer: a refusal)
 TRANSIENT = ('Unable to contact slurm controller', 'Socket timed out', 'Connection refused', 'Zero Bytes were transmitted',
              'Communication connection failure', 'Transport endpoint', 'temporarily unable', 'Temporarily unavailable',
              'Connection timed out', 'timed out', 'Resource temporarily unavailable', 'Slurm backup controller')
+
+# scontrol requeue's answers that another try would only repeat
+REQUEUE_REFUSED = ('presently disabled', 'Invalid job id', 'no longer pending', 'permission denied', 'Only batch jobs',
+                   'not requeue', 'Requeue of job')
 
 MARGIN_S = 5  # of --slurm_signal_s, kept back for requeueing the job after its save
 WARNING_EARLY_S = 90  # SLURM checks time limits every 30 s, so its warning can come that much early, or more
@@ -84,17 +88,18 @@ START_WAIT_S = 300  # how long a node waits for node 0's start record on a share
 # SLURM commands: each has a timeout and is retried with backoff
 
 class SlurmUnreachable(Exception):
-    """A SLURM command that failed every try; its message is the last error."""
+    """A SLURM command that failed every try (or was refused); its message is the last error."""
 
 
 def transient(text):
     return any(t.lower() in text.lower() for t in TRANSIENT)
 
 
-def slurm(cmd, retry_any=True, deadline=None):
+def slurm(cmd, refused=(), deadline=None):
     """A SLURM command's stdout. It is given COMMAND_TIMEOUT_S and tried again after each of
-    BACKOFF_S while it fails (retry_any=False: only while it fails as a lost controller does;
-    another error is SLURM's answer, raised at once), and not past `deadline` (time.time())."""
+    BACKOFF_S while it fails, but not past `deadline` (time.time()), and not after an error that
+    `refused` names: SLURM's answer, raised at once (a controller that is away answers with other
+    errors, some of them odd: scontrol's "Unexpected message received")."""
     last = ''
     for pause in BACKOFF_S + (None,):
         try:
@@ -106,7 +111,7 @@ def slurm(cmd, retry_any=True, deadline=None):
             last = f"no answer in {COMMAND_TIMEOUT_S} s"
         except OSError as e:
             last = str(e)
-        if not (retry_any or transient(last) or last.startswith('no answer')):
+        if any(r.lower() in last.lower() for r in refused):
             raise SlurmUnreachable(last) from None
         if pause is None or (deadline is not None and time.time() + pause > deadline):
             break
@@ -290,6 +295,8 @@ class TrainJob:
                 time.sleep(0.2)
         rc = None if self.proc is None else self.proc.poll()
         if node != 0:  # node 0 reports for the job, and decides what comes next
+            if rc and not (self.warned or self.terminated):  # the job ends (srun --kill-on-bad-exit)
+                raise RuntimeError(f"node {node}: train.py exited with {rc}: see {self.run_dir}/stderr.node{node}.txt")
             return 'stopped' if self.warned or self.terminated else 'done'
         if grid_runs.run_state(self.run_dir, self.variant['cfg']['max_iters']) == 'done':
             return 'done'
@@ -342,7 +349,7 @@ class TrainJob:
                      f"{self.args.slurm_max_requeue} allows ({saved_text}); rerun the command to continue it")
         else:
             try:
-                slurm(['scontrol', 'requeue', env.job_id], retry_any=False, deadline=self.warned + self.args.slurm_signal_s)
+                slurm(['scontrol', 'requeue', env.job_id], REQUEUE_REFUSED, deadline=self.warned + self.args.slurm_signal_s)
             except SlurmUnreachable as e:
                 ended = (f"not requeued: SLURM refused to requeue job {env.job_id} ({e}); {saved_text}; "
                          f"rerun the command to resume it")
@@ -362,7 +369,7 @@ class TrainJob:
         saved = grid_runs.saved_iteration(self.run_dir)
         text = self.saved_text(rc, saved, 'SIGTERM')
         self.segment(start, env, 'SIGTERM', rc, saved)
-        self.note(f"SIGTERM from SLURM (a cancel, a preemption or the time limit), {text}")
+        self.note(f"SIGTERM from SLURM (a cancel, a preemption, the time limit or a failure on another node), {text}")
         while True:  # a job that ended now would end COMPLETED, and a preemption's requeue with it
             time.sleep(60)
 
@@ -432,6 +439,7 @@ def executor_parameters(args, variants, name=None):
                         f"the job would be told to stop as it starts; lower it or give a longer time")
     params = dict(job_name=name or f'compare-{Path(args.out).name}', time=minutes,
                   nodes=args.slurm_nodes, ntasks_per_node=1, signal_delay_s=args.slurm_signal_s,
+                  srun_args=['--kill-on-bad-exit=1'],  # a node whose train.py failed ends the job, not a hang
                   setup=[f'cd {shlex.quote(str(grid_runs.ROOT))}',  # the job imports this module from the checkout
                          f'export PYTHONPATH={shlex.quote(str(grid_runs.ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}'],
                   additional_parameters=extra)
@@ -527,23 +535,26 @@ def submitting(out):
 
 def recover(args, runs):
     """Runs whose record names a submission but no job id (compare.py ended between sbatch and the
-    record): the job is found by the submission's name; one whose submitit pickle never reached its
-    folder is cancelled (it could not start), and the run is submitted again."""
+    record): the job is found by the submission's name. One whose submitit pickle never reached its
+    folder cannot run (it fails after a minute of looking for it): it is cancelled, if still
+    queued, and the run is submitted again."""
     pending = [(run_dir, rec) for run_dir in runs if (rec := read_record(run_dir)) and rec.get('name')
                and not rec.get('job_id')]
     found = {}
     for name in {rec['name'] for _, rec in pending}:
-        out = slurm(['squeue', '-h', '-r', '--states=all', '--name', name, '-u', str(os.getuid()), '-o', '%i'])
-        found[name] = {int(j.split('_')[1]) if '_' in j else 0: j for j in out.split()}
+        out = slurm(['squeue', '-h', '-r', '--states=all', '--name', name, '-u', str(os.getuid()), '-o', '%i|%T'])
+        found[name] = {int(j.split('_')[1]) if '_' in j else 0: (j, st) for j, st in (l.split('|') for l in out.split())}
     for run_dir, rec in pending:
-        job = found[rec['name']].get(rec['index'])
-        pickle = Path(args.out) / 'slurm' / (job or '-') / f'{job}_submitted.pkl'
-        if job and pickle.exists():
+        job, state = found[rec['name']].get(rec['index'], (None, None))
+        if job and (Path(args.out) / 'slurm' / job / f'{job}_submitted.pkl').exists():
             write_record(run_dir, {**rec, 'job_id': job, 'recovered': True})
-        else:
-            if job:
-                slurm(['scancel', job])
-            (run_dir / RECORD).unlink(missing_ok=True)
+            continue
+        if job and state in PENDING | RUNNING:
+            try:
+                slurm(['scancel', job], refused=('already completing', 'Invalid job id'))
+            except SlurmUnreachable:
+                pass  # it ends by itself, without its pickle
+        (run_dir / RECORD).unlink(missing_ok=True)
 
 
 def run_statuses(args, variants, seeds, states):
@@ -640,10 +651,11 @@ def wait(args, variants, seeds):
     states, lost_since, said = {}, None, False
     bar = tqdm(total=None, desc='runs', unit='run')
     while True:
+        asked = time.time()
         try:
             states, lost_since = job_states(), None
         except SlurmUnreachable as e:
-            lost_since = lost_since or time.time()
+            lost_since = lost_since or asked
             if time.time() - lost_since >= UNREACHABLE_NOTE_S and not said:
                 tqdm.write(f"SLURM's controller has not answered for {(time.time() - lost_since) / 60:.0f} min "
                            f"(squeue: {e}); still waiting: the jobs run on without it")

@@ -173,8 +173,10 @@ def record_reads(path):
 
 
 def install():
-    """The hooks the environment names, installed in this process (before the script runs)."""
-    sys.path.insert(0, str(ROOT))
+    """The hooks the environment names, installed in this process (before the script runs, whose
+    folder its imports come from: a copy of the checkout imports its own model.py)."""
+    root = str(Path(sys.argv[0]).resolve().parent)
+    sys.path.insert(0, root)
     if os.environ.get('NANOHFA_TEST_SLOW_START'):
         time.sleep(float(os.environ['NANOHFA_TEST_SLOW_START']))
     if os.environ.get('NANOHFA_TEST_SLOW_STEPS'):
@@ -189,7 +191,7 @@ def install():
         unreadable(int(rank), name)
     if os.environ.get('NANOHFA_TEST_READS'):
         record_reads(os.environ['NANOHFA_TEST_READS'])
-    sys.path.remove(str(ROOT))
+    sys.path.remove(root)
 
 
 def main():
