@@ -52,7 +52,9 @@ Modes:
                  gloo, CPU; --stop_sizes models): the local launcher's (SIGTERM to compare.py) and,
                  where a SLURM cluster answers (sinfo), SLURM's warning (scancel --signal=USR2 to
                  the job, as sbatch --signal sends it); to ckpt.pt's last write (`stop_to_save_s`)
-                 and to train.py's exit (`stop_to_exit_s`), with the checkpoint's size
+                 and to the end of the stop (`stop_to_exit_s`: compare.py's exit; SLURM: the job's
+                 record of the stop, once train.py has exited and the job is requeued), with the
+                 checkpoint's size
     step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
                  of every variant of the grid as train.py takes it, one thread, in rounds that
                  visit the variants in turn (a load that comes and goes hits each alike); the
