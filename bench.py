@@ -978,7 +978,7 @@ def stop_save_rows(args):
                            ckpt_bytes=os.path.getsize(ckpt), saved_iter=grid_runs.saved_iteration(run),
                            stop_to_save_s=round(os.path.getmtime(ckpt) - t0, 3), stop_to_exit_s=round(exited - t0, 3))
                 print(f"{launcher:>5} {size:>7}: {rec['ckpt_bytes'] / 2 ** 20:7.1f} MiB checkpoint, saved "
-                      f"{rec['stop_to_save_s']:.2f} s after the stop, train.py gone after {rec['stop_to_exit_s']:.2f} s",
+                      f"{rec['stop_to_save_s']:.2f} s after the stop, the stop over after {rec['stop_to_exit_s']:.2f} s",
                       flush=True)
                 records.append(rec)
     finally:

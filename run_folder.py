@@ -12,6 +12,7 @@ code the run trained with (code_version: the git commit, a hash of uncommitted c
 of the code files themselves), and the code of earlier segments where a resume changed it.
 """
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -26,7 +27,6 @@ from errors import UserError
 
 RUN_FILES = ('ckpt.pt', 'log.jsonl', 'train_log.jsonl', 'run.json')  # with ckpt_<iter>.pt: one run's files
 ROOT = Path(__file__).resolve().parent
-CODE = (':(glob)*.py', ':(glob)attention_kernels/**/*.py')  # the code train.py runs (git pathspecs)
 
 
 def _lock(path, out_dir):
@@ -106,12 +106,32 @@ def trim_jsonl(path, keep):
         path.write_text(''.join(l + '\n' for l in lines))
 
 
-def code_version(root=ROOT):
-    """The code in `root` that train.py runs (the root's modules and attention_kernels/): the git
-    commit (None outside a git checkout), a hash of its uncommitted changes to that code (None when
-    there are none), and a hash of the files themselves, which decides whether two runs ran the same code."""
+def code_files(root=ROOT):
+    """The code train.py runs: train.py, the modules of `root` it imports, directly or through
+    another (read by ast, wherever the import stands), and the whole of attention_kernels/ (whose
+    kernels are imported by name at run time)."""
     root = Path(root)
-    files = sorted(set(root.glob('*.py')) | set(root.glob('attention_kernels/**/*.py')))
+    files, todo = set(), [root / 'train.py'] + sorted(root.glob('attention_kernels/**/*.py'))
+    while todo:
+        path = todo.pop()
+        if path in files or not path.exists():
+            continue
+        files.add(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                todo += [root / f"{a.name.split('.')[0]}.py" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                todo.append(root / f"{node.module.split('.')[0]}.py")
+    return sorted(files)
+
+
+def code_version(root=ROOT):
+    """The code train.py runs (code_files): the git commit (None outside a git checkout), a hash of
+    the uncommitted changes to those files (None when there are none), and a hash of the files
+    themselves, which decides whether two segments of a run ran the same code. A change elsewhere
+    (the launchers, bench.py, docs, tests) changes neither hash."""
+    root = Path(root)
+    files = code_files(root)
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.relative_to(root).as_posix().encode() + b'\0' + f.read_bytes() + b'\0')
@@ -125,8 +145,9 @@ def code_version(root=ROOT):
     commit = git('rev-parse', 'HEAD')
     changes = None
     if commit:
-        diff = (git('diff', 'HEAD', '--binary', '--', *CODE) or b'')
-        new = (git('ls-files', '--others', '--exclude-standard', '-z', '--', *CODE) or b'').split(b'\0')
+        paths = [f.relative_to(root).as_posix() for f in files]
+        diff = git('diff', 'HEAD', '--binary', '--', *paths) or b''
+        new = (git('ls-files', '--others', '--exclude-standard', '-z', '--', *paths) or b'').split(b'\0')
         diff += b''.join(n + b'\0' + (root / n.decode()).read_bytes() for n in new if n)
         changes = hashlib.sha256(diff).hexdigest()[:16] if diff else None
     return {'commit': commit.decode().strip() if commit else None, 'changes': changes,

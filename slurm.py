@@ -288,6 +288,8 @@ class TrainJob:
             if self.warned is None and self.terminated is None:  # not told to stop while it started
                 self.proc = subprocess.Popen(self.cmd, cwd=grid_runs.ROOT, env=grid_runs.run_env(self.args, None),
                                              stdout=out, stderr=err, preexec_fn=ignore_usr2)
+                if self.warned is not None or self.terminated is not None:  # told while it was starting
+                    self.stop()
             # the main thread stays free for the signal handlers: it only sleeps between looks
             while self.proc is not None and self.proc.poll() is None:
                 if self.warned is not None and time.time() > self.warned + self.budget_s():

@@ -33,7 +33,7 @@ PACKAGES = 'slurm-wlm munge'
 NODES = ('n0', 'n1', 'n2')
 CPUS_PER_NODE = 8
 MEM_PER_CPU_MB = 512
-PREEMPT_GRACE_S = 10
+PREEMPT_GRACE_S = 30
 
 
 def missing():

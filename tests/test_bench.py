@@ -201,3 +201,18 @@ def test_cpu_table_gives_median_and_range_of_ratios_taken_within_each_run():
     assert row('HA train step: peak memory') .endswith('| 2.00x | 2.00 to 2.00 |')
     assert row('KV-cache') .endswith('| 5.00x | 5.00 to 5.00 |')
     assert 'median of 3 runs' in text.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_stop_save_rows_time_a_stop_to_a_finished_save(tmp_path):
+    """--stop_save: a 2-process torchrun run stopped through the local launcher (and through SLURM where
+    one answers), the seconds to its saved checkpoint, which holds the iteration the row says."""
+    path = tmp_path / 'stop.json'
+    r = subprocess.run([sys.executable, 'bench.py', '--stop_save', '--stop_sizes', '1x64', '--out', str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(path.read_text())
+    assert [row['launcher'] for row in rows][0] == 'local' and all(row['nproc'] == 2 for row in rows)
+    for row in rows:
+        assert row['saved_iter'] >= 3 and row['ckpt_bytes'] > 0  # stopped after 3 logged steps, and saved
+        assert 0 <= row['stop_to_save_s'] <= row['stop_to_exit_s']

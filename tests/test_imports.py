@@ -133,3 +133,24 @@ def test_the_launchers_import_their_shared_module_and_each_imports_alone():
     for name in ('slurm', 'compare', 'interactions', 'interactions_seeds'):
         done = subprocess.run([sys.executable, '-c', f'import {name}'], cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+
+def test_the_code_a_run_records_is_what_train_py_imports(tmp_path):
+    """run.json's code record: train.py, what it imports (and what that imports), and attention_kernels/;
+    a change to a launcher, a benchmark or a tool is not a change to the code a run trains with."""
+    import shutil
+    import run_folder
+    names = {f.relative_to(ROOT).as_posix() for f in run_folder.code_files(ROOT)}
+    assert {'train.py', 'model.py', 'data.py', 'shards.py', 'checkpoint.py', 'attention_kernels/__init__.py'} <= names
+    assert not {'compare.py', 'slurm.py', 'grid_runs.py', 'bench.py', 'sample.py'} & names
+    for f in ROOT.glob('*.py'):
+        shutil.copy(f, tmp_path / f.name)
+    shutil.copytree(ROOT / 'attention_kernels', tmp_path / 'attention_kernels')
+    before = run_folder.code_version(tmp_path)
+    assert before['commit'] is None and before['changes'] is None  # not a git checkout: the files' hash alone
+    with open(tmp_path / 'slurm.py', 'a') as f:
+        f.write('# the launcher changed\n')
+    assert run_folder.code_version(tmp_path) == before
+    with open(tmp_path / 'model.py', 'a') as f:
+        f.write('# the model changed\n')
+    assert run_folder.code_version(tmp_path)['files'] != before['files']

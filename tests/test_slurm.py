@@ -289,7 +289,7 @@ def background(slurm_cluster, tiny, tmp_path_factory):
                    dict(env, PATH=f"{bin_dir}:{env['PATH']}"), check=False)
         assert r.returncode == -9, r.stdout + r.stderr
         rec = record(run_of(out))
-        orphans = subprocess.run(['squeue', '-h', '--name', rec['name'], '-o', '%i'], capture_output=True, text=True,
+        orphans = subprocess.run(['squeue', '-h', '--states=all', '--name', rec['name'], '-o', '%i'], capture_output=True, text=True,
                                  env=env).stdout.split()
         return rec, orphans, submit(compare_cmd(tiny, out, '--variants', 'sa', '--seeds', '1', *SLURM, '--wait'), env,
                                     check=False)
