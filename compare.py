@@ -62,20 +62,23 @@ class Children:
     often signals only the parent) is passed on to them as SIGTERM (to torchrun's workers, not to
     torchrun), so each finishes its step, saves its checkpoint and exits; no new run starts, and
     compare.py exits once they have (a rerun resumes them). One that has not finished within
-    grace_s (--stop_grace_s) is killed; its last good checkpoint stays (checkpoint.py)."""
+    grace_s (--stop_grace_s), or when a second Ctrl-C comes, is killed; its last good checkpoint
+    stays (checkpoint.py). Each run has a session of its own, so a terminal's Ctrl-C reaches
+    compare.py alone, which stops the runs as it does on SIGTERM (and torchrun exits 0 once its
+    workers have saved)."""
 
     def __init__(self, grace_s=120):
         import threading
         self.procs, self.lock, self.grace_s = {}, threading.Lock(), grace_s
         self.stopping = None  # the signal's name once one has arrived
         self.stopped = []  # (variant, seed, run_dir, exit status) of each run the signal stopped
-        self.timer = None
+        self.timer = self.stopped_at = self.killed_s = None
 
     def start(self, cmd, **kw):
         with self.lock:
             if self.stopping:
                 return None
-            proc = subprocess.Popen(cmd, **kw)
+            proc = subprocess.Popen(cmd, start_new_session=True, **kw)
             self.procs[proc] = cmd
         return proc
 
@@ -90,7 +93,10 @@ class Children:
         import signal
         import threading
         first = self.stopping is None
+        if not first and signum == signal.SIGINT:  # a second Ctrl-C: at once, without saving
+            return self.kill_rest()
         self.stopping = signal.Signals(signum).name
+        self.stopped_at = self.stopped_at or time.time()
         with self.lock:
             live = list(self.procs.items())
         for proc, cmd in live:
@@ -102,6 +108,7 @@ class Children:
 
     def kill_rest(self):
         import signal
+        self.killed_s = time.time() - (self.stopped_at or time.time())
         with self.lock:
             live = list(self.procs.items())
         for proc, cmd in live:
@@ -438,7 +445,7 @@ def main(argv=None):
     if not args.collect_only and not slurm and CHILDREN.stopping:
         print(f"stopped by {CHILDREN.stopping}; rerun the same command to continue (nothing summarised):")
         for v, s, run_dir, rc in CHILDREN.stopped:
-            print(f"  {v['variant']} seed {s}: {stop_report(run_dir, rc, v['cfg']['max_iters'], CHILDREN.grace_s)}")
+            print(f"  {v['variant']} seed {s}: {stop_report(run_dir, rc, v['cfg']['max_iters'], CHILDREN.killed_s)}")
         return 0
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)

@@ -114,17 +114,18 @@ def stop_workers(proc, cmd, sig=signal.SIGTERM):
             pass
 
 
-def stop_report(run_dir, rc, max_iters, budget_s):
+def stop_report(run_dir, rc, max_iters, killed_s=None):
     """What a stop left in run_dir, for the line the launcher prints: train.py exits 0 only once its
-    save has finished, so anything else means the save did not, and ckpt.pt is the last good one."""
+    save has finished, so anything else means the save did not, and ckpt.pt is the last good one.
+    killed_s: when the launcher killed what was left, that many seconds after the stop."""
     if run_state(run_dir, max_iters) == 'done':
         return 'finished'
     it = saved_iteration(run_dir)
     if rc == 0:
         return f"saved at iteration {it} ({run_dir / 'ckpt.pt'})" if it is not None else \
             'stopped before its first step: nothing to save'
-    how = f"killed {budget_s:.0f} s after the stop" if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) else \
-        f"exited with {rc}"
+    how = f"killed {killed_s:.0f} s after the stop" if killed_s is not None and rc in (-signal.SIGKILL, 128 + signal.SIGKILL) \
+        else f"exited with {rc}"
     return f"NOT saved: {how}, before its save finished; " + (
         f"its last good checkpoint is iteration {it} ({run_dir / 'ckpt.pt'})" if it is not None else
         "it had no checkpoint yet")
