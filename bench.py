@@ -12,6 +12,7 @@ Benchmark the attention variants: speed, peak memory and achieved FLOP/s.
     python bench.py --memory --out results/memory_cpu.json   # activation checkpointing, DDP and FSDP on CPU
     python bench.py --shards --out results/shards.json       # training windows from 2,000 shards vs one file
     python bench.py --lm_eval --out results/lm_eval_bench/results.json   # lm-eval requests/s, scoring memory
+    python bench.py --stop_save --out results/stop_save.json # a stop's seconds to a finished save (torchrun, 2 processes)
 
 Rows (variant):
     sa, linear, hfa_v1, hfa_v2, ha, ha_win    the model's variants (ha_win: windows w1, w2)
@@ -57,6 +58,13 @@ Modes:
                  process each) of scoring every position of a --lm_eval_size batch, before (every
                  position's logits through the model's loss, then their log-softmax) and now
                  (NanoHFA.score: one float32 buffer, normalised in place)
+    stop_save    (--stop_save) seconds from a stop to the finished save of a 2-process run (torchrun,
+                 gloo, CPU; --stop_sizes models): the local launcher's (SIGTERM to compare.py) and,
+                 where a SLURM cluster answers (sinfo), SLURM's warning (scancel --signal=USR2 to
+                 the job, as sbatch --signal sends it); to ckpt.pt's last write (`stop_to_save_s`)
+                 and to the end of the stop (`stop_to_exit_s`: compare.py's exit; SLURM: the job's
+                 record of the stop, once train.py has exited and the job is requeued), with the
+                 checkpoint's size
     step_times   (--step_times, then a compare.py grid's arguments) seconds per training step
                  of every variant of the grid as train.py takes it, one thread, in rounds that
                  visit the variants in turn (a load that comes and goes hits each alike); the
@@ -910,6 +918,9 @@ def main():
     g.add_argument('--memory_variant', default='sa')
     g.add_argument('--memory_steps', type=int, default=3, help='timed steps per case (the fastest counts)')
     g.add_argument('--memory_timeout', type=float, default=600, help='seconds per case')
+    g = p.add_argument_group('--stop_save: from a stop to a finished save')
+    g.add_argument('--stop_save', action='store_true', help='only the stop-to-save rows (local, and SLURM if reachable)')
+    g.add_argument('--stop_sizes', default='4x256,8x512', help='models, n_layer x n_embd (heads of 64)')
     g = p.add_argument_group('--shards: training windows from shards vs one file')
     g.add_argument('--shards', action='store_true', help='only the shard rows (windows/s, resident memory)')
     g.add_argument('--shard_count', type=int, default=2000, help="shards (FineWeb-100B's are 1,000+)")
@@ -939,6 +950,8 @@ def main():
         return
     if args.lm_eval:
         write_records(lm_eval_rows(args), args.out)
+    if args.stop_save:
+        write_records(stop_save_rows(args), args.out)
         return
     if args.step_times is not None:
         grid_step_times(args.step_times, args.rounds)
@@ -1070,6 +1083,71 @@ def shard_rows(args):
     finally:
         shards.OPEN.close_all()
         shutil.rmtree(tmp)
+
+
+def stop_save_rows(args):
+    """Seconds from a stop to the finished save of a 2-process run, through each launcher."""
+    import shutil
+    import tempfile
+    import numpy as np
+    import grid_runs
+    import slurm
+    tmp = tempfile.mkdtemp(prefix='bench-stop-')
+    data = os.path.join(tmp, 'data')
+    os.makedirs(data)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 64, 200_000, dtype=np.uint16).tofile(os.path.join(data, 'train.bin'))
+    rng.integers(0, 64, 20_000, dtype=np.uint16).tofile(os.path.join(data, 'val.bin'))
+    with open(os.path.join(data, 'meta.json'), 'w') as f:
+        json.dump({'tokenizer': 'char', 'vocab_size': 64, 'itos': [chr(48 + i) for i in range(64)]}, f)
+    has_slurm = shutil.which('sinfo') and subprocess.run(['sinfo', '-h'], capture_output=True).returncode == 0
+    records = []
+    try:
+        for size in args.stop_sizes.split(','):
+            n_layer, n_embd = (int(x) for x in size.split('x'))
+            for launcher in ['local'] + ['slurm'] * bool(has_slurm):
+                out = os.path.join(tmp, f'{launcher}-{size}')
+                cmd = [sys.executable, 'compare.py', '--variants', 'sa', '--seeds', '1', '--out', out, '--nproc', '2',
+                       '--threads', '1', '--preset', 'sa', 'attention=sa', f'n_layer={n_layer}', f'n_embd={n_embd}',
+                       f'n_head={n_embd // 64}', f'--data_dir={data}', '--device=cpu', '--compile=False',
+                       '--block_size=64', '--batch_size=4', '--gradient_accumulation_steps=2', '--max_iters=1000000',
+                       '--eval_interval=1000000', '--log_interval=1000000', '--eval_iters=1']
+                run = os.path.join(out, 'runs', 'sa', 'seed0')
+                ckpt, steps = os.path.join(run, 'ckpt.pt'), os.path.join(run, 'train_log.jsonl')
+                if launcher == 'slurm':
+                    cmd += ['--launcher=slurm', '--slurm_signal_s=600', '--slurm_time=60']
+                    subprocess.run(cmd, cwd=os.path.dirname(os.path.abspath(__file__)), check=True, capture_output=True)
+                    proc = None
+                else:
+                    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(__file__)),
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                deadline = time.time() + 600
+                while not (os.path.exists(steps) and len(open(steps).readlines()) >= 3):
+                    assert time.time() < deadline and (proc is None or proc.poll() is None), f"{launcher} {size}: no steps"
+                    time.sleep(0.2)
+                t0 = time.time()
+                if proc is not None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=900)
+                    exited = time.time()
+                else:
+                    job = slurm.read_record(run)['job_id']
+                    subprocess.run(['scancel', '--signal=USR2', job], check=True)
+                    while not any(s.get('stop') for s in (slurm.read_record(run) or {}).get('segments', [])):
+                        assert time.time() < t0 + 900, 'no segment recorded'
+                        time.sleep(0.2)
+                    exited = time.time()  # the segment is recorded once train.py has exited
+                    subprocess.run(['scancel', job])
+                rec = dict(mode='stop_save', launcher=launcher, nproc=2, backend='gloo', n_layer=n_layer, n_embd=n_embd,
+                           ckpt_bytes=os.path.getsize(ckpt), saved_iter=grid_runs.saved_iteration(run),
+                           stop_to_save_s=round(os.path.getmtime(ckpt) - t0, 3), stop_to_exit_s=round(exited - t0, 3))
+                print(f"{launcher:>5} {size:>7}: {rec['ckpt_bytes'] / 2 ** 20:7.1f} MiB checkpoint, saved "
+                      f"{rec['stop_to_save_s']:.2f} s after the stop, the stop over after {rec['stop_to_exit_s']:.2f} s",
+                      flush=True)
+                records.append(rec)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return records
 
 
 def write_records(records, path):

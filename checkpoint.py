@@ -91,6 +91,15 @@ def read_hf_folder(path):
                         f"checkpoint again (python export_hf.py --out_dir=... --to={path} --overwrite)")
 
 
+def saved_iteration(path):
+    """The iteration a checkpoint holds, read without loading its tensors (memory-mapped: a
+    multi-GB checkpoint costs milliseconds); None where no complete checkpoint can be read."""
+    try:
+        return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['iter_num'])
+    except Exception:  # missing, cut short, not ours: no iteration to report
+        return None
+
+
 def from_nanogpt(ckpt):
     """nanoGPT's checkpoint (softmax attention, its 7 model_args) in our layout: torch.compile's
     '_orig_mod.' prefix dropped, the causal-mask buffers of its non-flash attention dropped, and

@@ -39,92 +39,47 @@ defaults in a dict `_compare` (train.py ignores names that start with '_'), e.g.
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-
 from errors import UserError
 from grid import (REFERENCE, as_args, cpu_grid, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci,
                   parse_args, plan, plural, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
-
-ROOT = Path(__file__).resolve().parent
-TRAIN = ROOT / 'train.py'
+# a grid's runs on disk, shared with slurm.py (imported here by these names, as the tools and tests read them)
+from grid_runs import (ROOT, RUN_KEYS, TRAIN, config_mismatch, grid_runs, read_jsonl, recorded_mismatch,  # noqa: F401
+                       recorded_runs, run_env, run_state, stderr_tail, stop_report, stop_workers, train_command)
 
 
 # -----------------------------------------------------------------------------
-# running: one train.py per (variant, seed), resumable
-
-def read_jsonl(path):
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut short by a crash
-    return rows
-
-
-def run_state(run_dir, max_iters):
-    """'done' (final evaluation logged), 'resume' (a checkpoint to continue) or 'scratch'."""
-    log = read_jsonl(run_dir / 'log.jsonl')
-    if log and log[-1]['iter'] >= max_iters:
-        return 'done'
-    return 'resume' if (run_dir / 'ckpt.pt').exists() else 'scratch'
-
-
-RUN_KEYS = ('out_dir', 'seed', 'init_from', 'always_save_checkpoint')  # set per run by this script
-
-
-def config_mismatch(run_dir, cfg):
-    """Settings where an existing run differs from what this grid asks for (run.json)."""
-    path = run_dir / 'run.json'
-    if not path.exists():
-        return {}
-    had = json.loads(path.read_text())['config']
-    return {k: (had.get(k), v) for k, v in cfg.items() if k not in RUN_KEYS and had.get(k, v) != v}
-
-
-def train_command(args, variant, seed, run_dir, state):
-    launcher = [sys.executable] if args.nproc <= 1 else \
-        [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}']
-    return (launcher + [str(TRAIN)] + ([args.config] if args.config else []) + list(args.extra)
-            + as_args(variant['overrides'])
-            + [f'--seed={seed}', f'--out_dir={run_dir}', '--always_save_checkpoint=True',
-               f"--init_from={'resume' if state == 'resume' else 'scratch'}"])
-
-
-def run_env(args, gpus):
-    env = dict(os.environ)
-    if args.threads:
-        env['OMP_NUM_THREADS'] = str(args.threads)
-    if gpus is not None:
-        env['CUDA_VISIBLE_DEVICES'] = gpus
-    return env
+# running: one train.py per (variant, seed), resumably
 
 
 class Children:
     """The train.py processes this grid is running. A SIGTERM or SIGINT to compare.py (a scheduler
-    often signals only the parent) is passed on to them as SIGTERM, so each saves its checkpoint
-    and exits; no new run starts, and compare.py exits once they have (a rerun resumes them)."""
+    often signals only the parent) is passed on to them as SIGTERM (to torchrun's workers, not to
+    torchrun), so each finishes its step, saves its checkpoint and exits; no new run starts, and
+    compare.py exits once they have (a rerun resumes them). One that has not finished within
+    grace_s (--stop_grace_s), or when a second Ctrl-C comes, is killed; its last good checkpoint
+    stays (checkpoint.py). Each run has a session of its own, so a terminal's Ctrl-C reaches
+    compare.py alone, which stops the runs as it does on SIGTERM (and torchrun exits 0 once its
+    workers have saved)."""
 
     def __init__(self, grace_s=120):
         import threading
-        self.procs, self.lock, self.grace_s = set(), threading.Lock(), grace_s
+        self.procs, self.lock, self.grace_s = {}, threading.Lock(), grace_s
         self.stopping = None  # the signal's name once one has arrived
-        self.timer = None
+        self.stopped = []  # (variant, seed, run_dir, exit status) of each run the signal stopped
+        self.timer = self.stopped_at = self.killed_s = None
 
     def start(self, cmd, **kw):
         with self.lock:
             if self.stopping:
                 return None
-            proc = subprocess.Popen(cmd, **kw)
-            self.procs.add(proc)
+            proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+            self.procs[proc] = cmd
         return proc
 
     def wait(self, proc):
@@ -132,26 +87,32 @@ class Children:
             return proc.wait()
         finally:
             with self.lock:
-                self.procs.discard(proc)
+                self.procs.pop(proc, None)
 
     def on_signal(self, signum, frame):
         import signal
         import threading
         first = self.stopping is None
+        if not first and signum == signal.SIGINT:  # a second Ctrl-C: at once, without saving
+            return self.kill_rest()
         self.stopping = signal.Signals(signum).name
+        self.stopped_at = self.stopped_at or time.time()
         with self.lock:
-            live = list(self.procs)
-        for proc in live:
-            proc.send_signal(signal.SIGTERM)
+            live = list(self.procs.items())
+        for proc, cmd in live:
+            stop_workers(proc, cmd)
         if first:  # a child that has not saved within the grace period is killed
             self.timer = threading.Timer(self.grace_s, self.kill_rest)
             self.timer.daemon = True
             self.timer.start()
 
     def kill_rest(self):
+        import signal
+        self.killed_s = time.time() - (self.stopped_at or time.time())
         with self.lock:
-            live = list(self.procs)
-        for proc in live:
+            live = list(self.procs.items())
+        for proc, cmd in live:
+            stop_workers(proc, cmd, signal.SIGKILL)
             proc.kill()
 
 
@@ -173,65 +134,6 @@ def run_one(args, variant, seed, run_dir, state, gpus=None):
         out.flush(), err.flush()
         proc = CHILDREN.start(cmd, cwd=ROOT, env=run_env(args, gpus), stdout=out, stderr=err)
         return None if proc is None else CHILDREN.wait(proc)
-
-
-def stderr_tail(run_dir, n=15):
-    text = (run_dir / 'stderr.txt').read_text() if (run_dir / 'stderr.txt').exists() else ''
-    last = text.rsplit('\n=== ', 1)[-1]  # this attempt only
-    return '\n'.join(last.strip().splitlines()[-n:])
-
-
-def grid_runs(args, variants, seeds):
-    """Every (variant, seed, run_dir, state) of the grid, in the order they are started: seed by
-    seed (every variant's seed 0 first), so that paired results arrive early."""
-    runs = []
-    for i, v in enumerate(variants):
-        for k, s in enumerate(seeds_of(v, seeds)):
-            run_dir = Path(args.out) / 'runs' / v['variant'] / f'seed{s}'
-            diff = config_mismatch(run_dir, v['cfg'])
-            if diff:  # never reuse or resume a run made with other settings
-                raise UserError(f"{run_dir} was trained with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in diff.items())}); "
-                                f"use another --out, or delete that run")
-            runs.append(((k, i), (v, s, run_dir, run_state(run_dir, v['cfg']['max_iters']))))
-    return [run for _, run in sorted(runs, key=lambda r: r[0])]
-
-
-def recorded_runs(out, variants):
-    """{(variant, seed): run} of the finished runs an existing OUT/results.json records, where
-    its row was trained as this grid asks (same settings, same length). A run whose folder is
-    gone (a fresh clone: runs/ is not in git) is then finished, not trained again."""
-    path = Path(out) / 'results.json'
-    if not path.exists():
-        return {}
-    try:
-        rows = {r['variant']: r for r in json.loads(path.read_text())}
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return {}
-    kept = {}
-    for v in variants:
-        row = rows.get(v['variant'])
-        if not row or recorded_mismatch(row, v):
-            continue
-        for run in row.get('runs', []):
-            kept[v['variant'], run['seed']] = {
-                **run, 'finished': True, 'iter': row['iters'], 'params': row['params'],
-                'best_val_ppl': math.exp(run['best_val_loss']),
-                'flops_per_token': row['flops_per_token'], 'tokens_per_iter': row['tokens_per_iter'],
-                'curve': row.get('curves', {}).get(str(run['seed'])) or row.get('curves', {}).get(run['seed'])}
-    return kept
-
-
-def recorded_mismatch(row, v):
-    """What differs between a results.json row and the variant this grid asks for ('' if nothing):
-    the whole train.py config where the row records it, else its overrides and length."""
-    if row.get('config') is not None:
-        diff = [k for k, val in v['cfg'].items() if k not in RUN_KEYS and row['config'].get(k, val) != val]
-        return ', '.join(f"{k} {row['config'][k]!r} there, {v['cfg'][k]!r} asked" for k in diff)
-    if row.get('iters') is not None and row['iters'] != v['cfg']['max_iters']:
-        return f"max_iters {row['iters']} there, {v['cfg']['max_iters']} asked"
-    if row.get('overrides') != json.loads(json.dumps(v['overrides'])):
-        return f"overrides {row.get('overrides')} there, {v['overrides']} asked"
-    return ''
 
 
 def run_grid(args, variants, seeds):
@@ -268,7 +170,9 @@ def run_grid(args, variants, seeds):
         for f in as_completed(futures):
             v, s, run_dir, state = futures[f]
             rc = f.result()
-            if rc is None or CHILDREN.stopping:  # stopped by a signal: saved, to be resumed
+            if rc is None or CHILDREN.stopping:  # stopped by a signal: saved (or not: stop_report says), to be resumed
+                if rc is not None:
+                    CHILDREN.stopped.append((v, s, run_dir, rc))
                 continue
             ok = rc == 0 and run_state(run_dir, v['cfg']['max_iters']) == 'done'
             outcomes[v['variant'], s] = f'{state}: ' + ('ok' if ok else f'FAILED (exit {rc})')
@@ -507,7 +411,7 @@ def run_grid_until_signalled(args, variants, seeds):
     import signal
     import threading
     global CHILDREN
-    CHILDREN = Children()
+    CHILDREN = Children(args.stop_grace_s)
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         return run_grid(args, variants, seeds)
     before = {sig: signal.signal(sig, CHILDREN.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -547,8 +451,9 @@ def main(argv=None):
     else:
         outcomes = {} if args.collect_only else run_grid_until_signalled(args, variants, seeds)
     if not args.collect_only and not slurm and CHILDREN.stopping:
-        print(f"stopped by {CHILDREN.stopping}: every running train.py saved its checkpoint and exited; "
-              f"rerun the same command to continue (nothing summarised)")
+        print(f"stopped by {CHILDREN.stopping}; rerun the same command to continue (nothing summarised):")
+        for v, s, run_dir, rc in CHILDREN.stopped:
+            print(f"  {v['variant']} seed {s}: {stop_report(run_dir, rc, v['cfg']['max_iters'], CHILDREN.killed_s)}")
         return 0
     rows = summarize(args, variants, seeds, outcomes)
     table = markdown_table(args, rows, seeds)

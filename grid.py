@@ -179,6 +179,9 @@ def parse_args(argv, description=''):
     p.add_argument('--nproc', type=int, default=1, help='processes (GPUs) per run, DDP through torchrun')
     p.add_argument('--jobs', type=int, default=1, help='runs trained at the same time (without --gpus)')
     p.add_argument('--threads', type=int, default=0, help='OMP_NUM_THREADS per run (0: leave as is)')
+    p.add_argument('--stop_grace_s', type=int, default=120,
+                   help='a SIGTERM/SIGINT to compare.py stops its runs: seconds each has to finish its step and save '
+                        'before it is killed (its last good checkpoint kept)')
     p.add_argument('--collect_only', action='store_true', help='train nothing; summarise what exists')
     p.add_argument('--overwrite', action='store_true',
                    help='write the summary even if OUT/results.json holds finished runs it would drop')
@@ -238,8 +241,8 @@ def parse_args(argv, description=''):
         p.error(str(e))
     if not args.seeds:
         p.error('--seeds 0 gives no runs; give a count >= 1 or a list of seeds')
-    if args.nproc < 1 or args.match_multiple < 1:
-        p.error('--nproc and --match_multiple must be >= 1')
+    if args.nproc < 1 or args.match_multiple < 1 or args.stop_grace_s < 1:
+        p.error('--nproc, --match_multiple and --stop_grace_s must be >= 1')
     if args.gpus and len(args.gpus) % args.nproc:
         p.error(f"--gpus names {len(args.gpus)} GPUs, not a multiple of --nproc {args.nproc}")
     if (args.eval_include_path or args.eval_limit or args.eval_model_args) and not args.eval_tasks:

@@ -7,13 +7,18 @@ operating system releases it when the process ends, however it ends, so a SIGKIL
 leaves a stale lock), and a run from scratch never replaces a checkpoint that is already
 there unless asked to, and then moves the old run aside instead of deleting it. A write that
 fails (a full disk) is one line naming the last good checkpoint. An evaluation's log line goes
-to Weights & Biases too, when asked, under nanoGPT's keys (wandb_record).
+to Weights & Biases too, when asked, under nanoGPT's keys (wandb_record). run.json records the
+code the run trained with (code_version: the git commit, a hash of uncommitted changes, a hash
+of the code files themselves), and the code of earlier segments where a resume changed it.
 """
 
+import ast
 import fcntl
+import hashlib
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +26,7 @@ from pathlib import Path
 from errors import UserError
 
 RUN_FILES = ('ckpt.pt', 'log.jsonl', 'train_log.jsonl', 'run.json')  # with ckpt_<iter>.pt: one run's files
+ROOT = Path(__file__).resolve().parent
 
 
 def _lock(path, out_dir):
@@ -100,11 +106,80 @@ def trim_jsonl(path, keep):
         path.write_text(''.join(l + '\n' for l in lines))
 
 
+def code_files(root=ROOT):
+    """The code train.py runs: train.py, the modules of `root` it imports, directly or through
+    another (read by ast, wherever the import stands), and the whole of attention_kernels/ (whose
+    kernels are imported by name at run time)."""
+    root = Path(root)
+    files, todo = set(), [root / 'train.py'] + sorted(root.glob('attention_kernels/**/*.py'))
+    while todo:
+        path = todo.pop()
+        if path in files or not path.exists():
+            continue
+        files.add(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                todo += [root / f"{a.name.split('.')[0]}.py" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                todo.append(root / f"{node.module.split('.')[0]}.py")
+    return sorted(files)
+
+
+def code_version(root=ROOT):
+    """The code train.py runs (code_files): the git commit (None outside a git checkout), a hash of
+    the uncommitted changes to those files (None when there are none), and a hash of the files
+    themselves, which decides whether two segments of a run ran the same code. A change elsewhere
+    (the launchers, bench.py, docs, tests) changes neither hash."""
+    root = Path(root)
+    files = code_files(root)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode() + b'\0' + f.read_bytes() + b'\0')
+
+    def git(*cmd):
+        try:
+            r = subprocess.run(['git', '-C', str(root), *cmd], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout if r.returncode == 0 else None
+    commit = git('rev-parse', 'HEAD')
+    changes = None
+    if commit:
+        paths = [f.relative_to(root).as_posix() for f in files]
+        diff = git('diff', 'HEAD', '--binary', '--', *paths) or b''
+        new = (git('ls-files', '--others', '--exclude-standard', '-z', '--', *paths) or b'').split(b'\0')
+        diff += b''.join(n + b'\0' + (root / n.decode()).read_bytes() for n in new if n)
+        changes = hashlib.sha256(diff).hexdigest()[:16] if diff else None
+    return {'commit': commit.decode().strip() if commit else None, 'changes': changes,
+            'files': digest.hexdigest()[:16]}
+
+
+def code_text(code):
+    """A code record as one reads it: commit abc123def456 (+ uncommitted changes 0f3a...)."""
+    if not code:
+        return 'unrecorded code'
+    text = f"commit {code['commit'][:12]}" if code.get('commit') else f"code {code['files']} (no git commit)"
+    return text + (f" + uncommitted changes {code['changes']}" if code.get('changes') else '')
+
+
 def start_logs(out, run, resumed_at=None, evaluated=False):
     """The run's logs at its start. Resumed at iteration resumed_at: the lines logged after the
     checkpoint are dropped (those steps, and that iteration's evaluation unless `evaluated`,
-    will be done again); from scratch: no old logs. run.json gets `run` (config, model, sizes)."""
+    will be done again); from scratch: no old logs. run.json gets `run` (config, model, sizes) and
+    the code this segment runs; a resumed run that ran other code before keeps that under code_before."""
     out = Path(out)
+    run = {**run, 'code': code_version()}
+    if resumed_at is not None:
+        try:
+            before = json.loads((out / 'run.json').read_text())
+        except (OSError, json.JSONDecodeError):
+            before = {}
+        earlier = before.get('code_before', []) + [before['code']] if before.get('code') else []
+        if before.get('code') and before['code']['files'] != run['code']['files']:
+            print(f"resuming on other code than this run's last segment ({code_text(run['code'])} now, "
+                  f"{code_text(before['code'])} then); run.json keeps both")
+        if any(c['files'] != run['code']['files'] for c in earlier):
+            run['code_before'] = [c for c in earlier if c['files'] != run['code']['files']]
     try:
         if resumed_at is not None:
             trim_jsonl(out / 'log.jsonl', lambda r: r['iter'] < resumed_at + evaluated)

@@ -19,7 +19,7 @@ pytest is invoked, and the session leaves no trace.
   run the Triton interpreter or torch.compile, or compute for seconds (the experiments'
   --quick runs, training loops); `make test-fast` leaves them out (`-m "not slow"`) and so
   runs the model and kernel specification; `make test` (CI) runs everything.
-- `slurm_cluster` starts a real single-node SLURM cluster (munged, slurmctld, slurmd; tests/slurm_cluster.py)
+- `slurm_cluster` starts a real SLURM cluster on this machine (munged, slurmctld, three slurmd; tests/slurm_cluster.py)
   once per session for the tests that ask for it, and stops it by its pids at the end. Without the
   binaries (apt-get install -y slurm-wlm munge, as root) those tests skip, or fail under CI=true.
 """
@@ -131,7 +131,7 @@ def _leaves_global_state_alone():
 
 @pytest.fixture(scope='session')
 def slurm_cluster():
-    """A real single-node SLURM cluster for the session (tests/slurm_cluster.py), stopped at the end.
+    """A real SLURM cluster on this machine for the session (tests/slurm_cluster.py), stopped at the end.
     Without SLURM the tests that use it skip with one line, except under CI=true, where they fail."""
     import slurm_cluster as cluster
     why = cluster.missing()

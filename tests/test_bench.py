@@ -227,3 +227,17 @@ def test_a_device_this_machine_lacks_is_one_line():
                        text=True, timeout=120)
     assert r.returncode == 2 and r.stderr == "error: device='cuda' but CUDA is not available here; use --device=cpu " \
                                              "(or auto)\n"
+
+
+def test_stop_save_rows_time_a_stop_to_a_finished_save(tmp_path):
+    """--stop_save: a 2-process torchrun run stopped through the local launcher (and through SLURM where
+    one answers), the seconds to its saved checkpoint, which holds the iteration the row says."""
+    path = tmp_path / 'stop.json'
+    r = subprocess.run([sys.executable, 'bench.py', '--stop_save', '--stop_sizes', '1x64', '--out', str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(path.read_text())
+    assert [row['launcher'] for row in rows][0] == 'local' and all(row['nproc'] == 2 for row in rows)
+    for row in rows:
+        assert row['saved_iter'] >= 3 and row['ckpt_bytes'] > 0  # stopped after 3 logged steps, and saved
+        assert 0 <= row['stop_to_save_s'] <= row['stop_to_exit_s']

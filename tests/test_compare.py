@@ -341,3 +341,81 @@ def test_a_signal_to_compare_stops_its_runs_which_save_and_resume(tiny):
     states = {(v['variant'], s): state for v, s, _, state in compare.grid_runs(args, grid.plan(args), args.seeds)}
     assert states[('sa', 0)] == 'resume'
     assert torch.load(ckpt, weights_only=True)['iter_num'] > 0
+
+
+def stop_grid(tiny, out, grace_s, signals=('SIGTERM',), **faults):
+    """compare.py with one 2-process run (torchrun), stopped by `signals` (a second one a second after
+    the first) once the run is training, with tests/faults' hooks in train.py; returns (compare.py's
+    stdout, its exit status)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = Path(compare.__file__).parent
+    env = dict(os.environ, PYTHONPATH=str(root / 'tests' / 'faults'), TORCH_ELASTIC_SHUTDOWN_TIMEOUT='2',
+               **{f'NANOHFA_TEST_{k}': str(v) for k, v in faults.items()})
+    cmd = [sys.executable, str(root / 'compare.py'), *argv(tiny, '--variants', 'sa', '--seeds', '1', '--out', str(out),
+                                                           '--nproc', '2', '--gradient_accumulation_steps=2',
+                                                           '--max_iters=100000', '--lr_decay_iters=100000',
+                                                           f'--stop_grace_s={grace_s}')]
+    parent = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = out / 'runs' / 'sa' / 'seed0' / 'ckpt.pt'
+    deadline = time.time() + 180
+    while not ckpt.exists() and time.time() < deadline and parent.poll() is None:
+        time.sleep(0.2)
+    assert ckpt.exists(), parent.communicate()[1]
+    for i, name in enumerate(signals):
+        time.sleep(i)
+        parent.send_signal(getattr(signal, name))
+    stdout, stderr = parent.communicate(timeout=180)
+    assert processes_mentioning(str(out)) == []  # no train.py, no torchrun left behind
+    return stdout, parent.returncode
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path('/proc').is_dir(), reason='reads /proc to find surviving processes')
+def test_a_stop_gives_torchrun_workers_the_whole_grace_period_to_save(tiny):
+    """The save after the stop takes 8 s, torchrun's own shutdown timeout is 2 s (as its 30 s default is
+    for a large checkpoint): the workers are told themselves, torchrun waits --stop_grace_s, the save
+    finishes, and compare.py says at which iteration."""
+    out = tiny / 'graceful'
+    stdout, rc = stop_grid(tiny, out, 60, SLOW_SAVE=8)
+    assert rc == 0
+    said = re.search(r"sa seed 0: saved at iteration (\d+) \(", stdout)
+    assert 'stopped by SIGTERM; rerun the same command to continue' in stdout and said, stdout
+    run = out / 'runs' / 'sa' / 'seed0'
+    assert torch.load(run / 'ckpt.pt', weights_only=True)['iter_num'] == int(said.group(1))
+    assert not (run / 'ckpt.pt.tmp').exists()
+    assert f"stopped by signal at iteration {said.group(1)}" in (run / 'stdout.txt').read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path('/proc').is_dir(), reason='reads /proc to find surviving processes')
+def test_a_save_slower_than_the_grace_period_is_reported_as_not_saved(tiny):
+    """The save takes 60 s, --stop_grace_s is 3: the run is killed mid-save, and compare.py says it
+    was not saved and which checkpoint is the last good one (which loads)."""
+    out = tiny / 'too_slow'
+    stdout, rc = stop_grid(tiny, out, 3, SLOW_SAVE=60)
+    assert rc == 0
+    said = re.search(r"sa seed 0: NOT saved: killed [34] s after the stop, before its save finished; its last good "
+                     r"checkpoint is iteration (\d+) \(", stdout)
+    assert said and 'saved at iteration' not in stdout, stdout
+    run = out / 'runs' / 'sa' / 'seed0'
+    assert torch.load(run / 'ckpt.pt', weights_only=True)['iter_num'] == int(said.group(1))
+    assert (run / 'ckpt.pt.tmp').exists()  # the save that was killed
+    assert 'stopped by signal' not in (run / 'stdout.txt').read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path('/proc').is_dir(), reason='reads /proc to find surviving processes')
+def test_a_second_ctrl_c_stops_the_runs_at_once_and_says_they_were_not_saved(tiny):
+    """Ctrl-C reaches compare.py alone (each run has a session of its own): the first stops the runs as
+    SIGTERM does; a second, a second later, kills them without waiting for the 60 s save."""
+    import time
+    out = tiny / 'two_ctrl_c'
+    t0 = time.time()
+    stdout, rc = stop_grid(tiny, out, 120, signals=('SIGINT', 'SIGINT'), SLOW_SAVE=60)
+    assert rc == 0 and time.time() - t0 < 120
+    assert re.search(r"stopped by SIGINT; .*\n  sa seed 0: NOT saved: killed [12] s after the stop, before its save "
+                     r"finished; its last good checkpoint is iteration \d+", stdout), stdout

@@ -71,7 +71,7 @@ def test_runs_share_the_gpus_one_slot_each(tiny, tmp_path, monkeypatch):
     calls, lock = [], threading.Lock()
 
     class FakeRun:  # a train.py that takes 0.3 s
-        def __init__(self, cmd, cwd, env, stdout, stderr):
+        def __init__(self, cmd, cwd, env, stdout, stderr, **kw):
             self.cmd, self.env = cmd, env
 
         def wait(self):

@@ -3,12 +3,8 @@ correlation; a structure's recurrence is the number of seeds whose matched head 
 its top k; the stability score separates models that learned the same coefficients from
 models that did not."""
 
-import ast
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +17,6 @@ from experiments import colliding_agents as ca
 from experiments.common import seed_all, torch_threads
 from model import GPT, GPTConfig
 from test_interaction_readout import as_attention_layer, save_ckpt
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def fake_heads(gen, n_heads, n=12, shape=None):
@@ -215,30 +209,3 @@ def test_the_summary_gives_one_row_per_variant_with_its_baselines_and_counts():
     every = sum(x['seeds'] == 2 for g in report['groups'] for x in g['recurring'])
     assert every > 0 and cells[7] == str(every)  # two identical heads share their whole top 3
     assert cells[8] == str(sum(len(g['recurring']) for g in report['groups']))
-
-
-def imported_modules(path):
-    """Every module a file imports, at its top or inside a function (first dotted name)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name.split('.')[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            found.add(node.module.split('.')[0])
-    return found
-
-
-def test_interactions_and_the_seeds_module_depend_one_way():
-    # interactions.py reads checkpoints and hands their heads to interactions_seeds.py, which
-    # imports nothing of it: each can be read, changed and imported alone
-    assert 'interactions_seeds' in imported_modules(ROOT / 'interactions.py')
-    assert 'interactions' not in imported_modules(ROOT / 'interactions_seeds.py')
-    for name in ('interactions', 'interactions_seeds'):
-        done = subprocess.run([sys.executable, '-c', f'import {name}'], cwd=ROOT, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-
-
-def test_the_import_check_sees_an_import_inside_a_function(tmp_path):
-    source = tmp_path / 'm.py'
-    source.write_text("import json\n\ndef f():\n    import interactions as ia\n    from x.y import z\n")
-    assert imported_modules(source) == {'json', 'interactions', 'x'}

@@ -5,6 +5,7 @@ them. For the tests only:
     NANOHFA_TEST_DIE_AT=ITER[:RANK[:WHERE]] python tests/train_hooks.py train.py --key=value ...
     NANOHFA_TEST_READS=events.json python tests/train_hooks.py train.py ...
     NANOHFA_TEST_UNREADABLE=RANK:NAME python tests/train_hooks.py train.py ...
+    NANOHFA_TEST_SLOW_STEPS=SECONDS / NANOHFA_TEST_SLOW_START=SECONDS / NANOHFA_TEST_SLOW_SAVE=SECONDS
 
 NANOHFA_TEST_DIE_AT: process RANK (default 0) sends itself SIGKILL at the start of iteration
 ITER (WHERE=step, the default: that iteration's first training forward), halfway through
@@ -21,7 +22,18 @@ in order to that file at exit: [kind, iteration, 'file:line'].
 NANOHFA_TEST_UNREADABLE=RANK:NAME: process RANK gets PermissionError opening any file named NAME
 (a shard missing or unreadable on one node only).
 
-Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`.
+NANOHFA_TEST_SLOW_STEPS=SECONDS: every training forward first sleeps SECONDS (a machine slow enough
+for the run to reach its time limit), in a SLURM job's first segment only (SLURM_RESTART_COUNT unset
+or 0): the requeued segment runs at full speed. The numbers are those of a run without the hook.
+
+NANOHFA_TEST_SLOW_START=SECONDS: train.py sleeps SECONDS before it starts (a start longer than a
+SLURM time limit: nothing trains, and a signal in the meantime kills it).
+
+NANOHFA_TEST_SLOW_SAVE=SECONDS: a checkpoint written after a stop signal (train.py's stop_signal
+set) takes SECONDS longer, spent with ckpt.pt.tmp open (a large checkpoint on a slow filesystem).
+
+Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`. Launched by compare.py or a SLURM
+job: tests/faults/ on PYTHONPATH installs these hooks in every train.py (its sitecustomize.py).
 """
 
 import atexit
@@ -31,6 +43,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +116,30 @@ def unreadable(rank, name):
     builtins.open = refusing_open
 
 
+def slow_steps(seconds):
+    if int(os.environ.get('SLURM_RESTART_COUNT') or 0):
+        return
+    from model import GPT
+    forward = GPT.forward
+
+    def slow_forward(self, *args, **kw):
+        if self.training:
+            time.sleep(seconds)
+        return forward(self, *args, **kw)
+    GPT.forward = slow_forward
+
+
+def slow_save(seconds):
+    import torch
+    save = torch.save
+
+    def save_slowly_after_a_stop(obj, f, *args, **kw):
+        if isinstance(obj, dict) and 'iter_num' in obj and getattr(script(), 'stop_signal', None) is not None:
+            time.sleep(seconds)
+        return save(obj, f, *args, **kw)
+    torch.save = save_slowly_after_a_stop
+
+
 def record_reads(path):
     import torch
     from model import GPT
@@ -135,9 +172,17 @@ def record_reads(path):
     atexit.register(lambda: Path(path).write_text(json.dumps(events)))
 
 
-def main():
-    sys.argv = sys.argv[1:]  # the script and its arguments, as if it were run directly
-    sys.path[0] = str(ROOT)
+def install():
+    """The hooks the environment names, installed in this process (before the script runs, whose
+    folder its imports come from: a copy of the checkout imports its own model.py)."""
+    root = str(Path(sys.argv[0]).resolve().parent)
+    sys.path.insert(0, root)
+    if os.environ.get('NANOHFA_TEST_SLOW_START'):
+        time.sleep(float(os.environ['NANOHFA_TEST_SLOW_START']))
+    if os.environ.get('NANOHFA_TEST_SLOW_STEPS'):
+        slow_steps(float(os.environ['NANOHFA_TEST_SLOW_STEPS']))
+    if os.environ.get('NANOHFA_TEST_SLOW_SAVE'):
+        slow_save(float(os.environ['NANOHFA_TEST_SLOW_SAVE']))
     if os.environ.get('NANOHFA_TEST_DIE_AT'):
         at, rank, where = (os.environ['NANOHFA_TEST_DIE_AT'].split(':') + ['', ''])[:3]
         die_at(int(at), int(rank or 0), where or 'step')
@@ -146,6 +191,13 @@ def main():
         unreadable(int(rank), name)
     if os.environ.get('NANOHFA_TEST_READS'):
         record_reads(os.environ['NANOHFA_TEST_READS'])
+    sys.path.remove(root)
+
+
+def main():
+    sys.argv = sys.argv[1:]  # the script and its arguments, as if it were run directly
+    sys.path[0] = str(ROOT)
+    install()
     runpy.run_path(sys.argv[0], run_name='__main__')
 
 
