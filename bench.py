@@ -950,6 +950,7 @@ def main():
         return
     if args.lm_eval:
         write_records(lm_eval_rows(args), args.out)
+        return
     if args.stop_save:
         write_records(stop_save_rows(args), args.out)
         return
