@@ -621,3 +621,48 @@ def test_rerun_family_trains_the_claim_runs_with_the_grids_own_command():
         assert f"seeds={','.join(map(str, sorted(x['seed'] for x in committed[p]['runs'])))}" in ours
     assert [a for a in cmd if a.startswith('--max_iters')] == [a for a in grid_cmd if a.startswith('--max_iters')] == ['--max_iters=3000']
     assert rerun.path_name(1, 'avx2') == 'avx2_threads1' and rerun.FAMILIES['scale'][0] == 'wide'
+
+
+def test_rerun_family_collects_only_the_runs_that_finished(tmp_path):
+    """--collect_only on a family stopped part-way: each preset is summarised on its finished seeds
+    (a run that logged its last iteration), a run stopped mid-way is left out rather than counted
+    failed, and a grid with no finished run is skipped."""
+    import importlib.util
+    import sys
+    sys.path.insert(0, str(ROOT / 'tools'))
+    spec = importlib.util.spec_from_file_location('rerun', ROOT / 'tools' / 'rerun.py')
+    rerun = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rerun)
+    out = tmp_path / 'wide'
+    assert rerun.family_command('wide', out, 1, 1, collect_only=True) is None
+
+    def log(preset, seed, last):
+        d = out / 'runs' / preset / f'seed{seed}'
+        d.mkdir(parents=True)
+        (d / 'log.jsonl').write_text(''.join(json.dumps({'iter': i, 'val_loss': 2.0}) + '\n' for i in (0, last)))
+    log('sa_w16_d48_lr8e-3', 0, 3000)
+    log('sa_w16_d48_lr8e-3', 3, 3000)
+    log('sa_w16_d48_lr8e-3', 1, 1500)   # stopped half-way
+    log('ha_share_w_d48_lr8e-3', 0, 3000)
+    cmd = rerun.family_command('wide', out, 1, 1, collect_only=True)
+    assert cmd[cmd.index('--variants') + 1].split(',') == ['sa_w16_d48_lr8e-3', 'ha_share_w_d48_lr8e-3']
+    assert 'seeds=0,3' in cmd[cmd.index('sa_w16_d48_lr8e-3', cmd.index('--preset')):]
+    assert 'seeds=0' in cmd[cmd.index('ha_share_w_d48_lr8e-3', cmd.index('--preset')):]
+    assert '--collect_only' in cmd
+
+
+def test_a_second_path_on_part_of_the_seeds_is_set_beside_the_same_seeds_of_the_first(tmp_path, monkeypatch):
+    """Seeds 0 and 1 rerun of five: the claims table adds the committed runs of those two seeds
+    (like for like), and the answer's cell names how many seeds the second path holds."""
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    widths = _widths({96: {s: -0.02 - 0.001 * s for s in range(5)}})
+    _path_grids(tmp_path / 'rerun_avx2_threads1', _widths({96: {0: -0.03, 1: -0.026}}))
+    monkeypatch.setattr(grid_report, 'long_family', lambda longs: [(3000, 'ha_share_w', 'sa_w16', (0, 0, 0, 0, 0.001), 0.001)])
+    monkeypatch.setattr(grid_report, 'scale_family', lambda lengths, widths: [])
+    study = grid_report.path_study({}, {}, widths, 'rerun_avx2_threads1')
+    same = study['width 96']['first_same']
+    assert same['seeds'] == [0, 1] and same['mean'] == pytest.approx(-0.0205)
+    assert study['width 96']['second']['mean'] == pytest.approx(-0.028)
+    table = grid_report.path_claims_table(study, {'cpu_capability': 'avx2', 'threads': 1})
+    assert "| width 96 | committed, the rerun's seeds (0, 1) | 2 | -0.0205 [" in table
+    assert '2 of 5 seeds: -0.0280' in grid_report.holds_cell(study['width 96'])

@@ -1141,6 +1141,10 @@ def path_study(longs, lengths, widths, folder):
             alt = claim_draws(without_seeds(c, slope, set(dropped)), slope) if dropped else None
             raw[name][where] = dict(seeds=seeds, d=d, mean=mean, half=half, p=p, stalls=stalls, dropped=dropped, alt=alt,
                                     settle=None if slope else verdict_cell(c[KEY_PAIR[0]], c[KEY_PAIR[1]]))
+        f_seeds, s_seeds = list(raw[name]['first']['seeds']), list(raw[name]['second']['seeds'])
+        if set(s_seeds) < set(f_seeds):  # a part of the seeds rerun: the first path on those seeds alone, like for like
+            _, d, mean, half, p = claim_draws(without_seeds(cells, slope, set(f_seeds) - set(s_seeds)), slope)
+            raw[name]['first_same'] = dict(seeds=s_seeds, d=d, mean=mean, half=half, p=p)
         d1, d2 = raw[name]['first']['d'], raw[name]['second']['d']
         mean, half, p = pooled_paths(d1, d2)
         raw[name]['pooled'] = dict(seeds=list(raw[name]['first']['seeds']) + list(raw[name]['second']['seeds']),
@@ -1192,15 +1196,22 @@ def path_claims_table(study, record):
             p = 'descriptive' if fam is None else f"{fmt_p(r['p_holm'])}{' *' if r['p_holm'] < 0.05 else ''} ({fam})"
             lines.append(f"| {name} | {label} | {len(r['d'])} | {r['mean']:+.4f} {interval(r['mean'], r['half'])}"
                          f"{hangs_note(r)} | {lower} | {stalls} | {p} | {r['settle'] or '-'} | {r['verdict']} |")
+            if where == 'first' and 'first_same' in res:  # like for like: the committed runs of the rerun's seeds
+                r = res['first_same']
+                lower = int((r['d'] < 0).sum())
+                lower = f"lead grew in {lower} of {len(r['d'])}" if slope else f"{lower} of {len(r['d'])}"
+                lines.append(f"| {name} | committed, the rerun's seeds ({', '.join(map(str, r['seeds']))}) | {len(r['d'])} "
+                             f"| {r['mean']:+.4f} {interval(r['mean'], r['half'])} | {lower} | - | - | - | - |")
     return '\n'.join(lines)
 
 
 def holds_cell(res):
     """The answer table's cell: does the committed verdict hold on the second path?"""
     f, s = res['first'], res['second']
+    n = '' if len(s['d']) == len(f['d']) else f"{len(s['d'])} of {len(f['d'])} seeds: "
     if res['holds']:
-        return f"yes ({s['mean']:+.4f} {interval(s['mean'], s['half'])})"
-    return f"no: {s['verdict']} there ({s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+        return f"yes ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+    return f"no: {s['verdict']} there ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])})"
 
 
 def path_means_table(widths, folder, record):

@@ -17,14 +17,16 @@ reproduction table is made from such a file).
 A whole family of claims is retrained the same way, every run of it, into a grid of its own:
 
     nice -n 19 python tools/rerun.py --family scale --cpu_capability avx2 --jobs 2 --runs_root ~/nanohfa-runs
-    python tools/rerun.py --family scale --cpu_capability avx2 --collect_only   # the results so far
+    python tools/rerun.py --family scale --cpu_capability avx2 --collect_only   # the runs finished so far
 
 --family scale retrains the runs behind the scale study's 3,000-iteration claims (the key pair at
 widths 48, 96 and 192 at the chosen rates, and width 192 at the edge check's better rates): in
 each grid of the family, the presets with two or more committed seeds (the claims' runs; the
 seed-0 rate checks are choices, not rerun: rates stay as chosen on the first path), with the
 grid's own compare.py command into grids/rerun_<path>/<grid>/ (e.g. grids/rerun_avx2_threads1/wide),
-which tools/grid_report.py reads as it reads grids/. Interrupted, the same command resumes.
+which tools/grid_report.py reads as it reads grids/. Interrupted, the same command resumes;
+--collect_only summarises the runs finished so far (a family stopped part-way is reported on the
+seeds that finished, and the report says how many).
 grids/rerun_<path>/path.json records the path (CPU, kernel path, threads, torch) and the CPU time.
 """
 
@@ -87,13 +89,26 @@ def claim_presets(grid_name):
     return {r['variant']: sorted(x['seed'] for x in r['runs']) for r in json.loads(path.read_text()) if r['n_seeds'] >= 2}
 
 
+def finished_seeds(out, preset, seeds, max_iters):
+    """The seeds of a preset whose runs under out/runs/ have finished (logged their last iteration)."""
+    import grid_runs
+    return [s for s in seeds if grid_runs.run_state(Path(out) / 'runs' / preset / f'seed{s}', max_iters) == 'done']
+
+
 def family_command(grid_name, out, jobs, threads, collect_only=False):
-    """compare.py's command for the claim runs of one grid, as tools/cpu_grids.py trains them."""
+    """compare.py's command for the claim runs of one grid, as tools/cpu_grids.py trains them;
+    collect_only: the command that summarises the runs finished so far (None if none has), so a
+    family stopped part-way is reported on the seeds it finished, never with the rest as failures."""
     variants, _, extra = cpu_grids.grid(grid_name)
     claims = claim_presets(grid_name)
     missing = set(claims) - set(variants)
     if missing:
         sys.exit(f"{grid_name}: committed presets {sorted(missing)} are not in tools/cpu_grids.py's grid any more")
+    if collect_only:
+        claims = {p: finished_seeds(ROOT / out, p, seeds, int(extra['max_iters'])) for p, seeds in claims.items()}
+        claims = {p: seeds for p, seeds in claims.items() if seeds}
+        if not claims:
+            return None
     keep = {p: {**o, 'seeds': ','.join(map(str, claims[p]))} for p, o in variants.items() if p in claims}
     return (cpu_grids.compare_command(keep, 1, out, jobs, threads) + (['--collect_only'] if collect_only else [])
             + [f'--{k}={v}' for k, v in extra.items()])
@@ -115,6 +130,7 @@ def write_path_record(root, family, threads, capability):
         path = root / g / 'results.json'
         rows = json.loads(path.read_text()) if path.exists() else []
         grids[g] = {'runs': sum(len(r['runs']) for r in rows),
+                    'seeds': {r['variant']: sorted(x['seed'] for x in r['runs']) for r in rows},
                     'train_cpu_hours': round(threads * sum(x['wall_s'] or 0 for r in rows for x in r['runs']) / 3600, 3)}
     record = {'family': family, 'cpu_capability': capability or 'default', 'threads': threads, 'cpu': cpu_model(),
               'torch': torch.__version__, 'grids': grids,
@@ -135,6 +151,9 @@ def rerun_family(a):
         if a.runs_root and not a.collect_only:
             cpu_grids.link_runs(f'rerun_{name}/{g}', Path(a.runs_root))
         cmd = family_command(g, root.relative_to(ROOT) / g, a.jobs, a.threads, a.collect_only)
+        if cmd is None:
+            print(f"{g}: no run finished on this path yet")
+            continue
         print('+', ' '.join(cmd), flush=True)
         rc = cpu_grids.run_step(cmd, env=env)
         if rc:
