@@ -148,7 +148,7 @@ def rerun_family(a):
     if a.cpu_capability:
         env['ATEN_CPU_CAPABILITY'] = a.cpu_capability
     for g in FAMILIES[a.family]:
-        if a.runs_root and not a.collect_only:
+        if a.runs_root:  # collecting in another checkout links the same run folders
             cpu_grids.link_runs(f'rerun_{name}/{g}', Path(a.runs_root))
         cmd = family_command(g, root.relative_to(ROOT) / g, a.jobs, a.threads, a.collect_only)
         if cmd is None:
