@@ -647,7 +647,7 @@ def test_rerun_family_collects_only_the_runs_that_finished(tmp_path):
     cmd = rerun.family_command('wide', out, 1, 1, collect_only=True)
     assert cmd[cmd.index('--variants') + 1].split(',') == ['sa_w16_d48_lr8e-3', 'ha_share_w_d48_lr8e-3']
     assert 'seeds=0,3' in cmd[cmd.index('sa_w16_d48_lr8e-3', cmd.index('--preset')):]
-    assert 'seeds=0' in cmd[cmd.index('ha_share_w_d48_lr8e-3', cmd.index('--preset')):]
+    assert 'seeds=[0]' in cmd[cmd.index('ha_share_w_d48_lr8e-3', cmd.index('--preset')):]  # seed 0, not a count of 0
     assert '--collect_only' in cmd
 
 

@@ -1232,11 +1232,12 @@ def path_means_table(widths, folder, record):
         seeds = sorted(set.intersection(*(set(f) for both in finals.values() for f in both)))
         x = {v: [np.array([f[s] for s in seeds]) for f in finals[v]] for v in KEY_PAIR}
         (h1, h2), (s1, s2) = x[KEY_PAIR[0]], x[KEY_PAIR[1]]
+        sd = lambda a: f'{a.std(ddof=1):.4f}' if len(a) > 1 else '-'
         for v in KEY_PAIR[::-1]:
             x1, x2 = x[v]
             gap = f"{((h2 - s2) - (h1 - s1)).mean():+.4f}" if v == KEY_PAIR[0] else ''
             lines.append(f"| {w} | `{v}` | {pair[v]['variant'].rsplit('_lr', 1)[1]} | {len(seeds)} "
-                         f"| {x1.mean():.4f} ± {x1.std(ddof=1):.4f} | {x2.mean():.4f} ± {x2.std(ddof=1):.4f} "
+                         f"| {x1.mean():.4f} ± {sd(x1)} | {x2.mean():.4f} ± {sd(x2)} "
                          f"| {x2.mean() - x1.mean():+.4f} | {np.abs(x2 - x1).max():.4f} | {gap} |")
     return '\n'.join(lines)
 

@@ -27,7 +27,7 @@ grid's own compare.py command into grids/rerun_<path>/<grid>/ (e.g. grids/rerun_
 which tools/grid_report.py reads as it reads grids/. Interrupted, the same command resumes;
 --collect_only summarises the runs finished so far (a family stopped part-way is reported on the
 seeds that finished, and the report says how many).
-grids/rerun_<path>/path.json records the path (CPU, kernel path, threads, torch) and the CPU time.
+grids/rerun_<path>/path.json records the path (CPU, kernel path, threads, torch) and the core-hours.
 """
 
 import argparse
@@ -109,7 +109,8 @@ def family_command(grid_name, out, jobs, threads, collect_only=False):
         claims = {p: seeds for p, seeds in claims.items() if seeds}
         if not claims:
             return None
-    keep = {p: {**o, 'seeds': ','.join(map(str, claims[p]))} for p, o in variants.items() if p in claims}
+    seeds = lambda ss: ','.join(map(str, ss)) if len(ss) > 1 else f'[{ss[0]}]'  # one number alone is a count
+    keep = {p: {**o, 'seeds': seeds(claims[p])} for p, o in variants.items() if p in claims}
     return (cpu_grids.compare_command(keep, 1, out, jobs, threads) + (['--collect_only'] if collect_only else [])
             + [f'--{k}={v}' for k, v in extra.items()])
 
@@ -123,7 +124,8 @@ def cpu_model():
 
 
 def write_path_record(root, family, threads, capability):
-    """root/path.json: the machine and path the family was retrained on, and its CPU time so far."""
+    """root/path.json: the machine and path the family was retrained on, and the core-hours its runs
+    held so far (threads x wall time: on a shared machine more than the CPU time they used)."""
     import torch
     grids = {}
     for g in FAMILIES[family]:
@@ -131,10 +133,10 @@ def write_path_record(root, family, threads, capability):
         rows = json.loads(path.read_text()) if path.exists() else []
         grids[g] = {'runs': sum(len(r['runs']) for r in rows),
                     'seeds': {r['variant']: sorted(x['seed'] for x in r['runs']) for r in rows},
-                    'train_cpu_hours': round(threads * sum(x['wall_s'] or 0 for r in rows for x in r['runs']) / 3600, 3)}
+                    'core_hours': round(threads * sum(x['wall_s'] or 0 for r in rows for x in r['runs']) / 3600, 3)}
     record = {'family': family, 'cpu_capability': capability or 'default', 'threads': threads, 'cpu': cpu_model(),
               'torch': torch.__version__, 'grids': grids,
-              'cpu_hours': round(sum(g['train_cpu_hours'] for g in grids.values()), 2)}
+              'core_hours': round(sum(g['core_hours'] for g in grids.values()), 2)}
     (root / 'path.json').write_text(json.dumps(record, indent=1) + '\n')
     return record
 
@@ -160,7 +162,7 @@ def rerun_family(a):
             sys.exit(f"{a.family} on {name}: grid {g} failed (exit {rc}); rerun the same command to resume")
     record = write_path_record(root, a.family, a.threads, a.cpu_capability)
     print(f"{a.family} on {name}: {sum(g['runs'] for g in record['grids'].values())} runs, "
-          f"{record['cpu_hours']} CPU-hours of training; {root / 'path.json'}")
+          f"{record['core_hours']} core-hours of training (threads x wall time); {root / 'path.json'}")
 
 
 def main():
