@@ -666,3 +666,16 @@ def test_a_second_path_on_part_of_the_seeds_is_set_beside_the_same_seeds_of_the_
     table = grid_report.path_claims_table(study, {'cpu_capability': 'avx2', 'threads': 1})
     assert "| width 96 | committed, the rerun's seeds (0, 1) | 2 | -0.0205 [" in table
     assert '2 of 5 seeds: -0.0280' in grid_report.holds_cell(study['width 96'])
+
+
+def test_a_verdict_the_rerun_seeds_cannot_show_on_either_path_is_too_few_seeds_not_a_flip(tmp_path, monkeypatch):
+    """Two seeds of five rerun: a lead the committed five show but the committed two do not is not
+    a verdict that failed on the second path; the answer's cell says too few seeds yet."""
+    monkeypatch.setattr(grid_report, 'GRIDS', tmp_path)
+    widths = _widths({96: {s: [-0.01, -0.03, -0.02, -0.025, -0.015][s] for s in range(5)}})
+    _path_grids(tmp_path / 'rerun_avx2_threads1', _widths({96: {0: -0.012, 1: -0.028}}))
+    monkeypatch.setattr(grid_report, 'long_family', lambda longs: [(3000, 'ha_share_w', 'sa_w16', (0, 0, 0, 0, 0.001), 0.001)])
+    monkeypatch.setattr(grid_report, 'scale_family', lambda lengths, widths: [])
+    study = grid_report.path_study({}, {}, widths, 'rerun_avx2_threads1')
+    assert study['width 96']['first']['verdict'] == 'HA lower' and not study['width 96']['holds']
+    assert grid_report.holds_cell(study['width 96']).startswith('too few seeds yet (2 of 5 seeds: -0.0200 [')

@@ -1211,6 +1211,10 @@ def holds_cell(res):
     n = '' if len(s['d']) == len(f['d']) else f"{len(s['d'])} of {len(f['d'])} seeds: "
     if res['holds']:
         return f"yes ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+    same = res.get('first_same')
+    if same and (math.isnan(same['half']) or abs(same['mean']) <= same['half']):  # the seeds rerun so far show it on neither path
+        return (f"too few seeds yet ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])}; the committed runs "
+                f"of those seeds show {'no trend' if 'trend' in s['verdict'] else 'no difference'} either)")
     return f"no: {s['verdict']} there ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])})"
 
 
