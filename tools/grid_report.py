@@ -1353,11 +1353,12 @@ def plot_scale(lengths, widths):
                     label=f'width {w} at the edge check\'s better rates (n={len(seeds)})')
     for i, (folder, record) in enumerate(second_paths().items()):  # the same runs retrained on another kernel path
         moved = on_path(GRIDS / folder, widths)
-        pts = [(w, *paired(p[a], p[b])[2:4]) for w, p in sorted(moved.items())]
+        pts = [(w, len(paired(p[a], p[b])[0]), *paired(p[a], p[b])[2:4]) for w, p in sorted(moved.items())]
         if pts:
-            pw, pm, ph = zip(*pts)
+            pw, pn, pm, ph = zip(*pts)
             ax.errorbar([w * (1.08 + 0.04 * i) for w in pw], pm, yerr=[0 if math.isnan(h) else h for h in ph], fmt='D:',
-                        color=f'C{4 + i}', capsize=4, label=f'equal tokens, rerun on the {path_label(record)}')
+                        color=f'C{4 + i}', capsize=4,
+                        label=f"equal tokens, rerun on the {path_label(record)} (n={', '.join(map(str, pn))})")
     ax.set_xscale('log', base=2)
     ax.set_xticks(ws, [str(w) for w in ws])
     save_gap_figure(fig, ax, 'width (head size 24; heads = width / 24)', 'HA shared - SA window 16, report half',
