@@ -591,7 +591,7 @@ def test_a_verdict_whose_significance_hangs_on_a_stalled_seed_says_so(tmp_path, 
     assert second['stalls'] == {'ha_share_w': [], 'sa_w16': [1]} and second['dropped'] == [1]
     table = grid_report.path_claims_table(study, {'cpu_capability': 'avx2', 'threads': 1})
     line = [l for l in table.splitlines() if 'AVX2 path' in l][0]
-    assert 'without stalled seed 1: -0.0100 [' in line and 'the interval clears zero' in line and '| 0, 1 |' in line
+    assert 'without stalled seed 1: -0.0100 [' in line and 'the interval clears zero' in line and '| none, 1 |' in line
     first = [l for l in table.splitlines() if 'committed' in l][0]
     assert 'without stalled' not in first  # no stall on the first path: nothing to say
 

@@ -1192,7 +1192,7 @@ def path_claims_table(study, record):
             r = res[where]
             lower = int((r['d'] < 0).sum())
             lower = f"lead grew in {lower} of {len(r['d'])}" if slope else f"{lower} of {len(r['d'])}"
-            stalls = ', '.join(','.join(map(str, r['stalls'].get(v, []))) or '0' for v in KEY_PAIR) if where != 'pooled' else '-'
+            stalls = ', '.join(','.join(map(str, r['stalls'].get(v, []))) or 'none' for v in KEY_PAIR) if where != 'pooled' else '-'
             p = 'descriptive' if fam is None else f"{fmt_p(r['p_holm'])}{' *' if r['p_holm'] < 0.05 else ''} ({fam})"
             lines.append(f"| {name} | {label} | {len(r['d'])} | {r['mean']:+.4f} {interval(r['mean'], r['half'])}"
                          f"{hangs_note(r)} | {lower} | {stalls} | {p} | {r['settle'] or '-'} | {r['verdict']} |")
