@@ -27,19 +27,10 @@ import lm_eval_tasks
 import tokenizer as tok
 from errors import UserError
 from model import GPT, GPTConfig
+from lm_eval_fixture import ENC, GEN, MC, TASKS, TEXT, fixture_texts
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ROOT / 'tests' / 'fixtures' / 'lm_eval_tasks'
-MC, TEXT, GEN = 'nanohfa_tiny_mc', 'nanohfa_tiny_text', 'nanohfa_tiny_gen'
 pytestmark = pytest.mark.usefixtures('one_thread')
-
-
-def fixture_texts():
-    rows = [json.loads(line) for n in ('tiny_mc', 'tiny_text', 'tiny_gen') for line in open(TASKS / f'{n}.json')]
-    return [v if isinstance(v, str) else ''.join(v) for r in rows for v in r.values() if isinstance(v, (str, list))]
-
-
-ENC = tok.CharTokenizer.from_text(fixture_texts() + ['\n'])
 
 
 def tiny(attention, block_size=64, seed=0, scale=1.0):
