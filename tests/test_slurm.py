@@ -195,7 +195,8 @@ def background(slurm_cluster, tiny, tmp_path_factory):
         if then:
             return then(out)
         return submit(compare_cmd(tiny, out, *MID, *SLURM, *more, '--wait'), env, check=False)
-    slow_save = dict(SLOW_STEPS=0.25, SLOW_SAVE=8, TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2)
+    # the run waits at iteration 30 for the warning (HOLD_AT), which so lands mid-run however loaded the machine
+    slow_save = dict(SLOW_STEPS=0.25, SLOW_SAVE=8, TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2, HOLD_AT=30)
     scen.start('ddp_stop', lambda: warned('ddp_stop', ['--nproc', '2', *TWO, '--slurm_signal_s=60'], slow_save))
     scen.start('two_node_stop', lambda: warned('two_node_stop', [*TWO, '--slurm_nodes=2', '--slurm_signal_s=60'],
                                                dict(slow_save, STALE_NODE=1)))
@@ -206,7 +207,7 @@ def background(slurm_cluster, tiny, tmp_path_factory):
         said = submit(compare_cmd(tiny, out, *MID, *SLURM, '--slurm_sbatch', 'no-requeue', '--status'), env)
         return job, record(run_of(out)), said.stdout, \
             submit(compare_cmd(tiny, out, *MID, *SLURM, '--slurm_sbatch', 'no-requeue', '--wait'), env, check=False)
-    scen.start('refused', lambda: warned('refused', ['--slurm_sbatch', 'no-requeue'], dict(SLOW_STEPS=0.25), not_requeued))
+    scen.start('refused', lambda: warned('refused', ['--slurm_sbatch', 'no-requeue'], dict(SLOW_STEPS=0.25, HOLD_AT=30), not_requeued))
 
     def preempted():  # a job in `spare`, preempted by one in `urgent` once it has a checkpoint
         out = tiny / 'preempted'
@@ -485,6 +486,8 @@ def assert_stopped_saved_and_resumed(background, name, reference):
     assert f"stopped by signal at iteration {first['saved_iter']}" in stdout
     assert f"SLURM's warning (preemption), saved at iteration {first['saved_iter']}; requeued" in stdout
     assert losses(run) == local_losses(background, reference)
+    for err in run.glob('stderr*.txt'):  # every worker got the warning itself, none waited for it in vain
+        assert 'HOLD_AT: no stop signal' not in err.read_text(), err
     return run
 
 

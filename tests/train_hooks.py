@@ -6,6 +6,7 @@ them. For the tests only:
     NANOHFA_TEST_READS=events.json python tests/train_hooks.py train.py ...
     NANOHFA_TEST_UNREADABLE=RANK:NAME python tests/train_hooks.py train.py ...
     NANOHFA_TEST_SLOW_STEPS=SECONDS / NANOHFA_TEST_SLOW_START=SECONDS / NANOHFA_TEST_SLOW_SAVE=SECONDS
+    NANOHFA_TEST_HOLD_AT=ITER[:SECONDS] python tests/train_hooks.py train.py ...
 
 NANOHFA_TEST_DIE_AT: process RANK (default 0) sends itself SIGKILL at the start of iteration
 ITER (WHERE=step, the default: that iteration's first training forward), halfway through
@@ -31,6 +32,11 @@ SLURM time limit: nothing trains, and a signal in the meantime kills it).
 
 NANOHFA_TEST_SLOW_SAVE=SECONDS: a checkpoint written after a stop signal (train.py's stop_signal
 set) takes SECONDS longer, spent with ckpt.pt.tmp open (a large checkpoint on a slow filesystem).
+
+NANOHFA_TEST_HOLD_AT=ITER[:SECONDS]: in a process that trains from scratch (not a resumed one), the
+training forward of iteration ITER waits until the process has its stop signal (train.py's stop_signal set), for at most SECONDS (default 120), so that a signal
+sent once an earlier checkpoint exists lands mid-run however loaded the machine is. Waiting in vain
+prints one line to stderr ("HOLD_AT: no stop signal ..."), which a test can look for.
 
 Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`. Launched by compare.py or a SLURM
 job: tests/faults/ on PYTHONPATH installs these hooks in every train.py (its sitecustomize.py).
@@ -140,6 +146,24 @@ def slow_save(seconds):
     torch.save = save_slowly_after_a_stop
 
 
+def hold_at(at, seconds):
+    from model import GPT
+    forward, held, first = GPT.forward, [], []
+
+    def forward_held(self, *args, **kw):
+        if self.training and not first:
+            first.append(getattr(script(), 'iter_num', None))
+        if self.training and first[0] == 0 and getattr(script(), 'iter_num', None) == at and not held:
+            held.append(at)
+            deadline = time.time() + seconds
+            while getattr(script(), 'stop_signal', None) is None and time.time() < deadline:
+                time.sleep(0.05)
+            if getattr(script(), 'stop_signal', None) is None:
+                print(f"HOLD_AT: no stop signal in {seconds:g} s at iteration {at}; going on", file=sys.stderr, flush=True)
+        return forward(self, *args, **kw)
+    GPT.forward = forward_held
+
+
 def record_reads(path):
     import torch
     from model import GPT
@@ -183,6 +207,9 @@ def install():
         slow_steps(float(os.environ['NANOHFA_TEST_SLOW_STEPS']))
     if os.environ.get('NANOHFA_TEST_SLOW_SAVE'):
         slow_save(float(os.environ['NANOHFA_TEST_SLOW_SAVE']))
+    if os.environ.get('NANOHFA_TEST_HOLD_AT'):
+        at, seconds = (os.environ['NANOHFA_TEST_HOLD_AT'].split(':') + [''])[:2]
+        hold_at(int(at), float(seconds or 120))
     if os.environ.get('NANOHFA_TEST_DIE_AT'):
         at, rank, where = (os.environ['NANOHFA_TEST_DIE_AT'].split(':') + ['', ''])[:3]
         die_at(int(at), int(rank or 0), where or 'step')
