@@ -219,6 +219,20 @@ def test_a_preset_may_carry_its_own_seeds(tiny):
     assert 'seeds' not in variants[1]['overrides'] and 'seeds' not in variants[1]['cfg']
 
 
+def test_the_table_header_names_each_presets_own_seeds(tiny):
+    """A grid whose presets carry their own seeds says so above its table, not the grid's --seeds."""
+    args = grid.parse_args(argv(tiny, '--variants', 'sa,more', '--seeds', '1', '--out', str(tiny / 'own'),
+                                   '--preset', 'more', 'attention=sa', 'seeds=3,4'))
+    variants = grid.plan(args)
+    rows = compare.summarize(args, variants, args.seeds, {})
+    header = compare.markdown_table(args, rows, variants, args.seeds).splitlines()[0]
+    assert 'seeds sa [0], more [3, 4];' in header
+    args = grid.parse_args(argv(tiny, '--variants', 'sa', '--seeds', '2', '--out', str(tiny / 'own')))
+    variants = grid.plan(args)
+    assert 'seeds [0, 1];' in compare.markdown_table(args, compare.summarize(args, variants, args.seeds, {}),
+                                                     variants, args.seeds).splitlines()[0]
+
+
 @pytest.mark.slow
 def test_runs_recorded_in_results_json_count_as_finished_without_their_folders(trained, tiny, capsys):
     """A fresh clone has results.json (in git) but no runs/: rerunning the grid trains nothing
