@@ -381,8 +381,8 @@ def test_two_submissions_at_once_submit_each_run_once(slurm_cluster, tiny, tmp_p
     assert 'waiting for another compare.py submitting this grid' in second
     assert 'submitted 0 SLURM jobs, 2 already queued or running' in second
     jobs = {job_of(run_of(tiny / 'twice', v)) for v in ('sa', 'hfa')}
-    named = subprocess.run(['squeue', '-h', '-r', '--name', record(run_of(tiny / 'twice'))['name'], '-o', '%i'],
-                           capture_output=True, text=True).stdout.split()
+    named = subprocess.run(['squeue', '-h', '-r', '--states=all', '--name', record(run_of(tiny / 'twice'))['name'],
+                            '-o', '%i'], capture_output=True, text=True).stdout.split()  # finished ones too
     assert len(jobs) == 2 and sorted(named) == sorted(jobs)  # two jobs in all, each recorded by its run
     subprocess.run(['scancel', *jobs], check=True)
 
