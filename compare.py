@@ -306,15 +306,15 @@ def pfmt(p):
 
 def markdown_table(args, rows, variants, seeds):
     asked = {v['variant']: seeds_of(v, seeds) for v in variants}  # a preset's own seeds= over the grid's
-    seeds = (f"seeds {next(iter(asked.values()))}" if len({tuple(a) for a in asked.values()}) == 1
-             else 'seeds ' + ', '.join(f'{v} {a}' for v, a in asked.items()))
+    seed_line = (f"seeds {next(iter(asked.values()))}" if len({tuple(a) for a in asked.values()}) == 1
+                 else 'seeds ' + ', '.join(f'{v} {a}' for v, a in asked.items()))
     matched = {'none': 'nothing (every variant at the base config size)',
                'params': f'non-embedding parameters (by {args.match_by})',
                'flops': f'training FLOPs per token (by {args.match_by})'}[args.match]
     tokens = sorted({r['tokens'] for r in rows if r['tokens'] is not None})
     lines = [f"Matched: {matched}; tokens seen per run: "
              f"{', '.join(f'{t:,}' for t in tokens)}{' (matched)' if args.match_tokens else ''}; "
-             f"{seeds}; final val loss at the last iteration, mean ± std over seeds, "
+             f"{seed_line}; final val loss at the last iteration, mean ± std over seeds, "
              f"95% CI from the t distribution; Δ vs {REFERENCE} with its 95% CI and p from Welch's t-test "
              f"(unequal variances).", '',
              '| variant | shape | seeds | params | MFLOPs/tok | val loss | 95% CI | val ppl | best val loss '

@@ -34,8 +34,9 @@ NANOHFA_TEST_SLOW_SAVE=SECONDS: a checkpoint written after a stop signal (train.
 set) takes SECONDS longer, spent with ckpt.pt.tmp open (a large checkpoint on a slow filesystem).
 
 NANOHFA_TEST_HOLD_AT=ITER[:SECONDS]: in a process that trains from scratch (not a resumed one), the
-training forward of iteration ITER waits until the process has its stop signal (train.py's stop_signal set), for at most SECONDS (default 120), so that a signal
-sent once an earlier checkpoint exists lands mid-run however loaded the machine is. Waiting in vain
+training forward of iteration ITER waits until the process has its stop signal (train.py's
+stop_signal set), for at most SECONDS (default 120), so that a signal sent once an earlier
+checkpoint exists lands mid-run however loaded the machine is. Waiting in vain
 prints one line to stderr ("HOLD_AT: no stop signal ..."), which a test can look for.
 
 Under torchrun: `torchrun ... tests/train_hooks.py train.py ...`. Launched by compare.py or a SLURM
