@@ -106,8 +106,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import devices
-import hardware
+from nanohfa import devices
+from nanohfa import hardware
 from model import GPT, GPTConfig, make_attention
 
 VARIANTS = ['sa', 'linear', 'hfa_v1', 'hfa_v2', 'ha', 'ha_win']
@@ -697,7 +697,7 @@ def grid_step_times(compare_argv, rounds):
     (its --config, --variants, --preset, overrides and --out), in one process, one thread:
     `rounds` rounds visit the variants in turn, 3 steps each after two warm-up steps; the
     median goes to OUT/step_times.json."""
-    import grid
+    from nanohfa import grid
     args = grid.parse_args(compare_argv)
     torch.set_num_threads(1)
     variants = grid.plan(args)
@@ -746,8 +746,8 @@ def plan(args):
 
 def lm_eval_model(model_args, T, dev):
     """lm_eval_model.NanoHFA over a GPT of the bench's width and GPT-2's vocabulary (and tokenizer)."""
-    import lm_eval_model
-    import tokenizer as tok
+    from nanohfa import lm_eval_model
+    from nanohfa import tokenizer as tok
     n_layer, n_embd = model_args
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=n_layer, n_head=max(1, n_embd // 64), n_embd=n_embd, vocab_size=50304,
@@ -1034,8 +1034,8 @@ def shard_rows(args):
     import tempfile
     from pathlib import Path
     import numpy as np
-    import data
-    import shards
+    from nanohfa import data
+    from nanohfa import shards
     n, k, T, B = args.shard_tokens, args.shard_count, 1024, 12
     tmp = tempfile.mkdtemp(prefix='bench-shards-')
     try:
@@ -1091,8 +1091,8 @@ def stop_save_rows(args):
     import shutil
     import tempfile
     import numpy as np
-    import grid_runs
-    import slurm
+    from nanohfa import grid_runs
+    from nanohfa import slurm
     tmp = tempfile.mkdtemp(prefix='bench-stop-')
     data = os.path.join(tmp, 'data')
     os.makedirs(data)

@@ -45,11 +45,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from errors import UserError
-from grid import (REFERENCE, as_args, cpu_grid, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci,
+from nanohfa.errors import UserError
+from nanohfa.grid import (REFERENCE, as_args, cpu_grid, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci,
                   parse_args, plan, plural, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
 # a grid's runs on disk, shared with slurm.py (imported here by these names, as the tools and tests read them)
-from grid_runs import (ROOT, RUN_KEYS, TRAIN, config_mismatch, grid_runs, read_jsonl, recorded_mismatch,  # noqa: F401
+from nanohfa.grid_runs import (ROOT, RUN_KEYS, TRAIN, config_mismatch, grid_runs, read_jsonl, recorded_mismatch,  # noqa: F401
                        recorded_runs, run_env, run_state, stderr_tail, stop_report, stop_workers, train_command)
 
 
@@ -436,7 +436,7 @@ def main(argv=None):
               f"{fmt(v['flops_planned'] and v['flops_planned'] / 1e6, 2)} MFLOPs/token, overrides {v['overrides']}")
     slurm = None
     if args.launcher == 'slurm':
-        import slurm  # slurm.py: one SLURM job per run (submitit)
+        from nanohfa import slurm  # slurm.py: one SLURM job per run (submitit)
     if args.dry_run:
         (slurm.dry_run if slurm else dry_run)(args, variants, seeds)
         return 0
@@ -444,7 +444,7 @@ def main(argv=None):
         slurm.print_status(args, variants, seeds)
         return 0
     if args.eval_tasks:  # task names and model arguments checked before any run trains
-        import lm_eval_tasks
+        from nanohfa import lm_eval_tasks
         lm_eval_tasks.check_request(args)
     t0 = time.time()
     if slurm and not args.collect_only:
@@ -471,7 +471,7 @@ def main(argv=None):
     for path in [out / 'compare.png'] + ([args.plot] if args.plot else []):
         plot(rows, path, title)
     if args.eval_tasks:  # lm-eval's tasks on every finished run: a second table, its numbers added to rows
-        import lm_eval_tasks
+        from nanohfa import lm_eval_tasks
         table += '\n\n' + lm_eval_tasks.grid_table(args, rows)
         write_outputs(out, rows, table)
     print(table)

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-import errors
+from nanohfa import errors
 
 
 def parse_args(argv):
@@ -70,7 +70,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    import lm_eval_tasks  # lm-eval and datasets take seconds to import: after the arguments are checked
+    from nanohfa import lm_eval_tasks  # lm-eval and datasets take seconds to import: after the arguments are checked
     from lm_eval.utils import make_table
     t0 = time.time()
     results = lm_eval_tasks.evaluate(args.out_dir or args.init_from, args.tasks, args.include_path, args.limit,

@@ -27,8 +27,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import errors
-from errors import UserError
+from nanohfa import errors
+from nanohfa.errors import UserError
 
 
 def parse_args(argv):
@@ -52,9 +52,9 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    import checkpoint
-    import data
-    import hf_folder
+    from nanohfa import checkpoint
+    from nanohfa import data
+    from nanohfa import hf_folder
     from safetensors import SafetensorError
     path = Path(args.out_dir) / 'ckpt.pt' if args.out_dir else Path(args.init_from)
     to = Path(args.to)

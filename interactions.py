@@ -90,9 +90,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import interactions_seeds as seeds
+from nanohfa import interactions_seeds as seeds
 from attention_kernels.hfa.pytorch import lift
-from errors import UserError
+from nanohfa.errors import UserError
 from model import head_groups
 
 # the options (out_dir, init_from, layer, positions, ...): settings.INTERACTIONS, which --help prints
@@ -536,7 +536,7 @@ def load_source(out_dir, init_from, meta=''):
     """(state dict, GPTConfig, tokenizer meta, dataset name or None, a name for titles); the
     checkpoint (ours or nanoGPT's) and GPT-2's weights are read as train.py reads them, and a
     checkpoint's tokens as sample.py reads them (meta: --meta, for a checkpoint that carries none)."""
-    import checkpoint
+    from nanohfa import checkpoint
     from model import GPTConfig
     if checkpoint.init_kind(init_from, ('resume', 'gpt2')) == 'resume':
         path = Path(out_dir) / 'ckpt.pt'
@@ -550,7 +550,7 @@ def load_source(out_dir, init_from, meta=''):
 
 def token_labels(meta, vocab_size):
     """Readable text of every token id (ids past the tokenizer's vocabulary: '#id')."""
-    import tokenizer as tok
+    from nanohfa import tokenizer as tok
     try:
         enc = tok.from_meta(meta) if meta.get('tokenizer') else None
     except UserError as e:
@@ -713,8 +713,8 @@ def head_report(r, labels, top_k, share, spread, profile):
 
 
 def main(argv=None):
-    import configurator
-    import settings
+    from nanohfa import configurator
+    from nanohfa import settings
     o = configurator.load(settings.defaults(settings.INTERACTIONS), sys.argv[1:] if argv is None else argv,
                           configurator.help_text(settings.INTERACTIONS, 'interactions.py', __doc__))
     settings.check(settings.INTERACTIONS, o)

@@ -423,7 +423,7 @@ class GPT(nn.Module):
         if set(override_args) - {'dropout'}:
             raise ValueError(f"only dropout can be overridden, not {', '.join(sorted(set(override_args) - {'dropout'}))}")
         if not os.path.isdir(name_or_folder):
-            import hub
+            from nanohfa import hub
             hub.online()  # offline: transformers reads only its cache, at once, instead of retrying
         from transformers import GPT2LMHeadModel
         from transformers.utils import logging as hf_logging

@@ -19,9 +19,9 @@ plain files. Offline, the script says so in a second and names the local options
 
 import os
 
-from errors import ArgumentParser  # one-line messages for bad input, the command line's too
-import data
-import shards
+from nanohfa.errors import ArgumentParser  # one-line messages for bad input, the command line's too
+from nanohfa import data
+from nanohfa import shards
 
 
 def main():

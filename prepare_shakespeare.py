@@ -10,8 +10,8 @@ that nothing trains on by default.
 """
 
 
-from errors import ArgumentParser  # one-line messages for bad input, the command line's too
-import data
+from nanohfa.errors import ArgumentParser  # one-line messages for bad input, the command line's too
+from nanohfa import data
 
 
 def main():

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-import checkpoint
-import configurator
-import devices
-import settings
-import tokenizer as tok
-from errors import UserError
+from nanohfa import checkpoint
+from nanohfa import configurator
+from nanohfa import devices
+from nanohfa import settings
+from nanohfa import tokenizer as tok
+from nanohfa.errors import UserError
 
 # -----------------------------------------------------------------------------
 # the configuration: settings.SAMPLE's defaults (--help lists them), config files, --key=value

@@ -38,15 +38,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-import checkpoint  # noqa: E402
-import configurator  # noqa: E402
-import data  # noqa: E402
-import devices  # noqa: E402
-import hardware  # noqa: E402
-import run_folder  # noqa: E402
-import settings  # noqa: E402
+from nanohfa import checkpoint  # noqa: E402
+from nanohfa import configurator  # noqa: E402
+from nanohfa import data  # noqa: E402
+from nanohfa import devices  # noqa: E402
+from nanohfa import hardware  # noqa: E402
+from nanohfa import run_folder  # noqa: E402
+from nanohfa import settings  # noqa: E402
 from attention_kernels import preflight  # noqa: E402
-from errors import UserError  # noqa: E402
+from nanohfa.errors import UserError  # noqa: E402
 from model import GPT, GPTConfig, kernel_heads  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -95,7 +95,7 @@ CUDA_ERRORS = {  # torch says the CUDA error's text; the line also gives its num
 def _stop(line):
     """The run stops with this line (the scripts' one-line error, exit 2)."""
     try:
-        from errors import UserError  # train.py's folder
+        from nanohfa.errors import UserError  # train.py's folder
     except ImportError:
         UserError = RuntimeError
     raise UserError(line)

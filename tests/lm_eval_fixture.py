@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-import tokenizer as tok
+from nanohfa import tokenizer as tok
 
 TASKS = Path(__file__).resolve().parent / 'fixtures' / 'lm_eval_tasks'
 MC, TEXT, GEN = 'nanohfa_tiny_mc', 'nanohfa_tiny_text', 'nanohfa_tiny_gen'

@@ -672,7 +672,7 @@ CONFIGS = {'sa': 'sa', 'linear': 'linear', 'hfa': 'hfa_v1', 'hfa_v2': 'hfa_v2', 
 
 def train_py_keys():
     """The configuration keys of train.py (settings.py's table)."""
-    import settings
+    from nanohfa import settings
     return set(settings.defaults(settings.TRAIN))
 
 

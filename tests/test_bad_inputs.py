@@ -309,8 +309,8 @@ def test_failed_prepare_writes_nothing(results, row):
 def test_missing_data_names_the_command_that_makes_it(name, fix, tmp_path):
     """config/fineweb10B_sa.py's data comes as llm.c's shards, config/hfa.py's from a plain
     prepare_openwebtext.py: the line says so, not another dataset's recipe."""
-    import data
-    from errors import UserError
+    from nanohfa import data
+    from nanohfa.errors import UserError
     with pytest.raises(UserError) as e:
         data.split_tokens(tmp_path / name, 'train', 8)
     assert str(e.value).startswith(f"{tmp_path / name}/train.bin not found; prepare the data first: {fix}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import grid
+from nanohfa import grid
 from tools import budgets
 
 ROOT = Path(__file__).resolve().parents[1]

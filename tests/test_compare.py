@@ -14,8 +14,8 @@ import torch
 from scipy import stats
 
 import compare
-import grid
-from errors import UserError
+from nanohfa import grid
+from nanohfa.errors import UserError
 
 TINY = """
 device = 'cpu'

@@ -13,9 +13,9 @@ import pytest
 import tiny_grid
 
 import compare
-import grid
-import hardware
-from errors import UserError
+from nanohfa import grid
+from nanohfa import hardware
+from nanohfa.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """

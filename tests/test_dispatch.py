@@ -122,8 +122,8 @@ def test_no_setting_is_remembered():
 
 def test_kernel_check_is_a_documented_setting():
     """train.py --help lists kernel_check, and the model takes it from there (model_args)."""
-    import configurator
-    import settings
+    from nanohfa import configurator
+    from nanohfa import settings
     from model import GPTConfig
     line = [x for x in configurator.help_text(settings.TRAIN, 'train.py', '').splitlines() if 'kernel_check' in x]
     assert len(line) == 1 and 'kernel_check = True' in line[0] and 'PyTorch' in line[0]

@@ -322,18 +322,18 @@ def test_the_readout_across_seeds_is_committed():
 
 @pytest.mark.parametrize('path', READOUT_SEEDS, ids=[p.parent.name for p in READOUT_SEEDS])
 def test_readout_across_seeds_tables_appear_verbatim(path):
-    import interactions_seeds
+    from nanohfa import interactions_seeds
     r = json.loads(path.read_text())
     text = doc(INTERACTIONS)
     assert f"`{r['command']}`" in text, f"{INTERACTIONS} does not show the command of {path}"
     assert f"--report_dir=results/readout_seeds/{path.parent.name}" in r['command']
     stale = [name for name, table in interactions_seeds.tables(r).items() if table not in text]
-    assert not stale, f"{INTERACTIONS} is stale for {path}: paste python interactions_seeds.py {path}"
+    assert not stale, f"{INTERACTIONS} is stale for {path}: paste python -m nanohfa.interactions_seeds {path}"
 
 
 def test_readout_across_seeds_summary_appears_verbatim():
     """The side-by-side table of every variant read across seeds, as interactions_seeds.py prints it."""
-    import interactions_seeds
+    from nanohfa import interactions_seeds
     table = interactions_seeds.summary({p.parent.name: json.loads(p.read_text()) for p in READOUT_SEEDS})
     assert table in doc(INTERACTIONS), \
-        f"{INTERACTIONS} lacks the current summary: paste the last table of python interactions_seeds.py results/readout_seeds/*/seeds.json"
+        f"{INTERACTIONS} lacks the current summary: paste the last table of python -m nanohfa.interactions_seeds results/readout_seeds/*/seeds.json"

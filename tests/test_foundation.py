@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import configurator
-import settings
-import data
-import tokenizer as tok
-from errors import UserError
+from nanohfa import configurator
+from nanohfa import settings
+from nanohfa import data
+from nanohfa import tokenizer as tok
+from nanohfa.errors import UserError
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]

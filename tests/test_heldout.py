@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import data
-from errors import UserError
+from nanohfa import data
+from nanohfa.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': '1'}

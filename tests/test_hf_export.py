@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
+from nanohfa import checkpoint
 import export_hf
-import hf_folder
-import tokenizer as tok
-from errors import UserError
+from nanohfa import hf_folder
+from nanohfa import tokenizer as tok
+from nanohfa.errors import UserError
 from model import GPT, GPTConfig
 from lm_eval_fixture import ENC, GEN, MC, TASKS, TEXT, fixture_texts
 
@@ -148,7 +148,7 @@ def test_the_carried_code_is_the_projects_own(exported):
     carried = {p.name: p.read_text() for p in folder.glob('*.py')}
     assert {'modeling_nanohfa.py', 'model.py', 'attention_kernels.py', 'attention_kernels_ha_pytorch.py',
             'attention_kernels_hfa_pytorch.py', 'attention_kernels_sa.py', 'attention_kernels_masks.py'} <= set(carried)
-    sources = [ROOT / 'hf_model.py', ROOT / 'model.py', ROOT / 'hub.py', *(ROOT / 'attention_kernels').rglob('*.py')]
+    sources = [ROOT / 'nanohfa/hf_model.py', ROOT / 'model.py', ROOT / 'nanohfa/hub.py', *(ROOT / 'attention_kernels').rglob('*.py')]
     matched = set()
     for original in sources:
         module = str(original.relative_to(ROOT).with_suffix('')).replace('/__init__', '').replace('/', '.')
@@ -171,7 +171,7 @@ def test_the_carried_code_is_the_projects_own(exported):
     assert 'attention_kernels_preflight.py' not in carried  # only what model.py reaches
     # what transformers checks is installed before it runs a file from the Hub: no module of ours
     from transformers.dynamic_module_utils import get_imports
-    ours = {p.stem for p in ROOT.glob('*.py')} | {'attention_kernels'}
+    ours = {p.stem for p in ROOT.glob('*.py')} | {'attention_kernels', 'nanohfa'}
     assert not {m for f in carried for m in get_imports(folder / f)} & ours
     from attention_kernels.ha import ops
     package = type(load_hf(folder)).__module__.rsplit('.', 1)[0]
@@ -211,7 +211,7 @@ for n, folder in job['folders'].items():
         out[n] = model(job['x']).logits
     ids = tokenizer('ROMEO:', return_tensors='pt')
     out[n + ' text'] = tokenizer.decode(model.generate(**ids, max_new_tokens=8, do_sample=False)[0])
-own = ('model', 'hf_model', 'hub', 'attention_kernels', 'checkpoint', 'tokenizer')
+own = ('model', 'nanohfa', 'attention_kernels')
 out['project modules'] = sorted(m for m in sys.modules if m.split('.')[0] in own)
 torch.save(out, sys.argv[2])
 """
@@ -458,8 +458,8 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
     on the checkpoint (what eval.py runs), over the local tasks: the same metrics, the same
     log-likelihood of every request and the same generated texts (the contexts are longer than
     block_size: both cut them from the left)."""
-    import lm_eval_model  # first: it imports lm-eval and takes back the environment variables lm-eval sets
-    import lm_eval_tasks
+    from nanohfa import lm_eval_model  # first: it imports lm-eval and takes back the environment variables lm-eval sets
+    from nanohfa import lm_eval_tasks
     import lm_eval
     _, run, folder = exported[name]
     names, manager = lm_eval_tasks.task_list([MC, TEXT, GEN], TASKS)
@@ -491,8 +491,8 @@ def test_lm_evals_hf_model_on_the_folder_gives_eval_pys_metrics(name, exported):
 @pytest.mark.slow
 def test_lm_evals_cli_runs_on_the_folder(exported, tmp_path):
     """The command a user types, offline, with the local task YAMLs: eval.py's numbers."""
-    import lm_eval_model  # noqa: F401  first: it takes back the environment variables lm-eval sets
-    import lm_eval_tasks
+    from nanohfa import lm_eval_model  # noqa: F401  first: it takes back the environment variables lm-eval sets
+    from nanohfa import lm_eval_tasks
     _, run, folder = exported['ha_shared_windows']
     env = {**os.environ, 'HF_MODULES_CACHE': str(tmp_path / 'modules')}
     r = subprocess.run([str(Path(sys.executable).parent / 'lm_eval'), '--model', 'hf', '--model_args',

@@ -127,10 +127,10 @@ def test_a_package_file_naming_its_own_package_is_not_a_circle(tmp_path):
 
 def test_the_launchers_import_their_shared_module_and_each_imports_alone():
     modules = project_modules(ROOT)
-    assert 'grid_runs' in imports_of('compare', ROOT / 'compare.py', modules)
-    assert 'grid_runs' in imports_of('slurm', ROOT / 'slurm.py', modules)
-    assert 'compare' not in imports_of('slurm', ROOT / 'slurm.py', modules)
-    for name in ('slurm', 'compare', 'interactions', 'interactions_seeds'):
+    assert 'nanohfa.grid_runs' in imports_of('compare', ROOT / 'compare.py', modules)
+    assert 'nanohfa.grid_runs' in imports_of('nanohfa.slurm', ROOT / 'nanohfa/slurm.py', modules)
+    assert 'compare' not in imports_of('nanohfa.slurm', ROOT / 'nanohfa/slurm.py', modules)
+    for name in ('nanohfa.slurm', 'compare', 'interactions', 'nanohfa.interactions_seeds'):
         done = subprocess.run([sys.executable, '-c', f'import {name}'], cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
 
@@ -139,16 +139,18 @@ def test_the_code_a_run_records_is_what_train_py_imports(tmp_path):
     """run.json's code record: train.py, what it imports (and what that imports), and attention_kernels/;
     a change to a launcher, a benchmark or a tool is not a change to the code a run trains with."""
     import shutil
-    import run_folder
+    from nanohfa import run_folder
     names = {f.relative_to(ROOT).as_posix() for f in run_folder.code_files(ROOT)}
-    assert {'train.py', 'model.py', 'data.py', 'shards.py', 'checkpoint.py', 'attention_kernels/__init__.py'} <= names
-    assert not {'compare.py', 'slurm.py', 'grid_runs.py', 'bench.py', 'sample.py'} & names
+    assert {'train.py', 'model.py', 'nanohfa/data.py', 'nanohfa/shards.py', 'nanohfa/checkpoint.py',
+            'attention_kernels/__init__.py'} <= names
+    assert not {'compare.py', 'nanohfa/slurm.py', 'nanohfa/grid_runs.py', 'bench.py', 'sample.py'} & names
     for f in ROOT.glob('*.py'):
         shutil.copy(f, tmp_path / f.name)
     shutil.copytree(ROOT / 'attention_kernels', tmp_path / 'attention_kernels')
+    shutil.copytree(ROOT / 'nanohfa', tmp_path / 'nanohfa')
     before = run_folder.code_version(tmp_path)
     assert before['commit'] is None and before['changes'] is None  # not a git checkout: the files' hash alone
-    with open(tmp_path / 'slurm.py', 'a') as f:
+    with open(tmp_path / 'nanohfa/slurm.py', 'a') as f:
         f.write('# the launcher changed\n')
     assert run_folder.code_version(tmp_path) == before
     with open(tmp_path / 'model.py', 'a') as f:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import interactions as ia
-import interactions_seeds as seeds
-from errors import UserError
+from nanohfa import interactions_seeds as seeds
+from nanohfa.errors import UserError
 from experiments import colliding_agents as ca
 from experiments.common import seed_all, torch_threads
 from model import GPT, GPTConfig

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-import lm_eval_model
-import lm_eval_tasks
-import tokenizer as tok
-from errors import UserError
+from nanohfa import lm_eval_model
+from nanohfa import lm_eval_tasks
+from nanohfa import tokenizer as tok
+from nanohfa.errors import UserError
 from model import GPT, GPTConfig
 from lm_eval_fixture import ENC, GEN, MC, TASKS, TEXT, fixture_texts
 

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import lm_eval_tasks
-from errors import UserError
+from nanohfa import lm_eval_tasks
+from nanohfa.errors import UserError
 from test_lm_eval import ENC, GEN, MC, TASKS, TEXT, fixture_texts, save_run, tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_bits_per_byte_are_the_same_for_one_file_and_shards_of_the_same_text(tmp
     """The same text prepared as one val.bin and as shards: the bytes recorded at preparation agree;
     counted token by token they agree again, for llm.c's shards without meta.json, a headered val.bin
     and uint32 shards. GPT-2's end-of-text tokens carry no bytes."""
-    import data
+    from nanohfa import data
     text = tmp_path / 'corpus.txt'
     text.write_text('\n\n'.join(f"{t} Ünïcödé № {i}." for i, t in enumerate(fixture_texts() * 3)))
     one = data.prepare(str(text), 'one', 'gpt2', val_fraction=0.3, root=tmp_path, shard_tokens=0)
@@ -200,7 +200,7 @@ def test_bits_per_byte_are_the_same_for_one_file_and_shards_of_the_same_text(tmp
 
 
 def test_bits_per_byte_of_a_large_split_come_from_a_stated_sample(tmp_path, monkeypatch):
-    import tokenizer as tok
+    from nanohfa import tokenizer as tok
     enc = tok.CharTokenizer(sorted(set('abc Ünï€')))  # 1, 2 and 3 bytes a character
     (tmp_path / 'd').mkdir()
     np.array(enc.encode('abc Ünï€' * 500), dtype=np.uint16).tofile(tmp_path / 'd' / 'val.bin')

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-import data
-import hardware
+from nanohfa import data
+from nanohfa import hardware
 
 pytestmark = pytest.mark.slow  # every test here runs train.py in a subprocess
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
+from nanohfa import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -172,7 +172,7 @@ def test_nanogpt_finetune_config_runs_unchanged_offline_then_resumes_and_samples
 
 
 def test_sample_from_gpt2_name_equals_sampling_the_weights_here(tiny_gpt2):
-    import tokenizer as tok
+    from nanohfa import tokenizer as tok
     folder, cache = tiny_gpt2
     r = run(['sample.py', '--init_from=gpt2', '--start=Hello', '--max_new_tokens=8', '--device=cpu'],
             env=hub_env(cache))

@@ -8,7 +8,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-import settings
+from nanohfa import settings
 from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def test_layout_names_every_script_library_and_tool():
     no row names a .py file that is not there (the attention_kernels/ table names its own files)."""
     layout = LAYOUT
     named = {n for cell in re.findall(r'^\| ([^|]*) \|', layout, re.M) for n in re.findall(r'`([^`]+)`', cell)}
-    files = {p.name for p in ROOT.glob('*.py')} | {f'tools/{p.name}' for p in (ROOT / 'tools').iterdir()
+    files = {p.name for p in ROOT.glob('*.py')} | {f'{d}/{p.name}' for d in ('tools', 'nanohfa') for p in (ROOT / d).iterdir()
                                                    if p.is_file() and not p.name.startswith(('.', '_'))}
     missing = sorted(files - named)
     assert not missing, f"docs/layout.md does not name {', '.join(missing)}"

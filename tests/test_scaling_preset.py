@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import compare
-import grid
+from nanohfa import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {'scaling_s': (8, 512), 'scaling_m': (12, 768), 'scaling_l': (24, 1024)}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import grid
-import hardware
+from nanohfa import grid
+from nanohfa import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'config' / 'scaling_xl.py'

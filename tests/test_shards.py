@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-import data
-import shards
-from errors import UserError
+from nanohfa import data
+from nanohfa import shards
+from nanohfa.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -519,7 +519,7 @@ def test_two_thousand_shards_train_under_ulimit_1024_as_one_file(tmp_path):
 
 FILES_TAKEN = """
 import os, sys
-import shards
+from nanohfa import shards
 held = []
 try:
     while True:  # the rest of the process takes every descriptor left

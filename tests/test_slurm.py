@@ -26,11 +26,11 @@ import pytest
 import tiny_grid
 
 import compare
-import grid
-import grid_runs
-import run_folder
-import slurm
-from errors import UserError
+from nanohfa import grid
+from nanohfa import grid_runs
+from nanohfa import run_folder
+from nanohfa import slurm
+from nanohfa.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / 'tests' / 'faults'
@@ -160,6 +160,7 @@ def copy_checkout(dest):
     for f in ROOT.glob('*.py'):
         shutil.copy(f, dest / f.name)
     shutil.copytree(ROOT / 'attention_kernels', dest / 'attention_kernels', ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copytree(ROOT / 'nanohfa', dest / 'nanohfa', ignore=shutil.ignore_patterns('__pycache__'))
     git = lambda *a: subprocess.run(['git', '-C', str(dest), *a], check=True, capture_output=True)
     git('init', '-q')
     git('add', '-A')

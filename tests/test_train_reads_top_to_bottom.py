@@ -11,7 +11,7 @@ import builtins
 import symtable
 from pathlib import Path
 
-import settings
+from nanohfa import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 560

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import grid
+from nanohfa import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 

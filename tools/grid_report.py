@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import grid as compare  # noqa: E402  (the statistics compare.py reports with)
+from nanohfa import grid as compare  # noqa: E402  (the statistics compare.py reports with)
 
 GRIDS = ROOT / 'grids'
 ASSETS = ROOT / 'assets'

@@ -91,7 +91,7 @@ def claim_presets(grid_name):
 
 def finished_seeds(out, preset, seeds, max_iters):
     """The seeds of a preset whose runs under out/runs/ have finished (logged their last iteration)."""
-    import grid_runs
+    from nanohfa import grid_runs
     return [s for s in seeds if grid_runs.run_state(Path(out) / 'runs' / preset / f'seed{s}', max_iters) == 'done']
 
 

@@ -17,9 +17,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from errors import UserError
+from nanohfa.errors import UserError
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
 CACHE = Path(os.environ.get('NANOHFA_CACHE', ROOT / 'cache'))
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"

@@ -20,7 +20,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from errors import UserError
+from nanohfa.errors import UserError
 
 
 def literal(text):

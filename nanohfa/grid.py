@@ -10,9 +10,9 @@ import math
 import shutil
 from pathlib import Path
 
-import configurator
-import settings
-from errors import ArgumentParser, UserError
+from nanohfa import configurator
+from nanohfa import settings
+from nanohfa.errors import ArgumentParser, UserError
 
 # numpy, torch and data.py (which needs numpy) are imported where used: the GPU checks
 # (tools/train_smoke.py) plan a grid on an image that may lack numpy
@@ -47,7 +47,7 @@ def resolve(config_file, extra, overrides):
 
 
 def vocab_size(cfg):
-    import data
+    from nanohfa import data
     return data.model_vocab_size(data.read_meta(data.folder_of(cfg['data_dir'], cfg['dataset'])))
 
 
@@ -304,7 +304,7 @@ def gpu_slots(args):
 def budget(cfg, vocab, gpu='H100', mfu=0.30):
     """Tokens, FLOPs (training, plus the evaluations' forward passes) and the GPU-hours
     they take on `gpu` (its dense bf16 peak, hardware.py) at the assumed `mfu`."""
-    import hardware
+    from nanohfa import hardware
     params, fpt = model_size(cfg, vocab)
     iters, tpi = cfg['max_iters'], tokens_per_iter(cfg)
     n_evals = iters // cfg['eval_interval'] + 1 + (iters % cfg['eval_interval'] != 0)

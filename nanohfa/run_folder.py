@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from errors import UserError
+from nanohfa.errors import UserError
 
 RUN_FILES = ('ckpt.pt', 'log.jsonl', 'train_log.jsonl', 'run.json')  # with ckpt_<iter>.pt: one run's files
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
 
 
 def _lock(path, out_dir):
@@ -119,10 +119,19 @@ def code_files(root=ROOT):
         files.add(path)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                todo += [root / f"{a.name.split('.')[0]}.py" for a in node.names]
+                todo += [f for a in node.names for f in _module_files(root, a.name)]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                todo.append(root / f"{node.module.split('.')[0]}.py")
+                todo += _module_files(root, node.module)
+                todo += [f for a in node.names for f in _module_files(root, f'{node.module}.{a.name}')]
     return sorted(files)
+
+
+def _module_files(root, name):
+    """The files under `root` that importing module `name` ('nanohfa.data') runs: its own, and its
+    packages' __init__.py (none for a module that is not the project's)."""
+    parts = name.split('.')
+    out = [root.joinpath(*parts[:k], '__init__.py') for k in range(1, len(parts) + 1)]
+    return out + [root.joinpath(*parts).with_suffix('.py')]
 
 
 def code_version(root=ROOT):

@@ -54,10 +54,10 @@ import time
 import uuid
 from pathlib import Path
 
-import grid_runs
-from errors import UserError
-from grid import gpu_time_text, grid_budget, makespan, seed_text, tokens_text
-from run_folder import code_text, code_version
+from nanohfa import grid_runs
+from nanohfa.errors import UserError
+from nanohfa.grid import gpu_time_text, grid_budget, makespan, seed_text, tokens_text
+from nanohfa.run_folder import code_text, code_version
 
 RECORD = 'slurm_job.json'  # in each run folder: the job that runs it, and what its segments did
 # SLURM's job states (squeue %T); a state in none of these is shown as it is and waited on

@@ -13,10 +13,10 @@ import signal
 import sys
 from pathlib import Path
 
-from errors import UserError
-from grid import as_args, seeds_of
+from nanohfa.errors import UserError
+from nanohfa.grid import as_args, seeds_of
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
 TRAIN = ROOT / 'train.py'
 RUN_KEYS = ('out_dir', 'seed', 'init_from', 'always_save_checkpoint')  # set per run by the launcher
 
@@ -45,7 +45,7 @@ def saved_iteration(run_dir):
     """The iteration run_dir/ckpt.pt holds (None: no readable checkpoint), read without its tensors."""
     if not (Path(run_dir) / 'ckpt.pt').exists():
         return None
-    import checkpoint  # torch: imported where a checkpoint is read (tools/train_smoke.py imports compare.py)
+    from nanohfa import checkpoint  # torch: imported where a checkpoint is read (tools/train_smoke.py imports compare.py)
     return checkpoint.saved_iteration(Path(run_dir) / 'ckpt.pt')
 
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from tokenizer import CACHE
+from nanohfa.tokenizer import CACHE
 
 # dense bf16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name();
 # the first match wins, so the more specific names come first

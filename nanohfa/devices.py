@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from errors import UserError
+from nanohfa.errors import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 

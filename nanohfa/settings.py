@@ -15,7 +15,7 @@ import math
 import re
 from typing import NamedTuple
 
-from errors import UserError
+from nanohfa.errors import UserError
 
 
 class Setting(NamedTuple):

@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from errors import UserError
+from nanohfa.errors import UserError
 
 try:  # imported now: with no descriptor left, an import would fail where it is needed
     import resource

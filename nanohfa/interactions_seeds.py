@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from errors import UserError
+from nanohfa.errors import UserError
 
 
 def ranks(x, rel=1e-3):
@@ -330,7 +330,7 @@ def summary(reports):
     return '\n'.join('| ' + ' | '.join(r) + ' |' for r in rows)
 
 
-if __name__ == '__main__':  # python interactions_seeds.py results/readout_seeds/*/seeds.json: the docs' tables
+if __name__ == '__main__':  # python -m nanohfa.interactions_seeds results/readout_seeds/*/seeds.json: the docs' tables
     for path in sys.argv[1:]:
         print(f"{path}\n")
         for table in tables(json.loads(Path(path).read_text())).values():

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import configurator
-import data
-import hf_folder
-import hub
-import run_folder
-from errors import UserError
+from nanohfa import configurator
+from nanohfa import data
+from nanohfa import hf_folder
+from nanohfa import hub
+from nanohfa import run_folder
+from nanohfa.errors import UserError
 from model import GPT, GPTConfig
 
 GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')

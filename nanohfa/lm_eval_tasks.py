@@ -25,17 +25,17 @@ import sys
 import traceback
 from pathlib import Path
 
-from lm_eval_model import MODEL_ARGS, NanoHFA, note_cuts  # first: it imports lm-eval as the environment needs
+from nanohfa.lm_eval_model import MODEL_ARGS, NanoHFA, note_cuts  # first: it imports lm-eval as the environment needs
 
 import lm_eval  # noqa: E402
 from lm_eval.api.group import Group  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import handle_non_serializable, simple_parse_args_string  # noqa: E402
 
-import devices  # noqa: E402
-import hub  # noqa: E402
-import tokenizer as tok  # noqa: E402
-from errors import UserError  # noqa: E402
+from nanohfa import devices  # noqa: E402
+from nanohfa import hub  # noqa: E402
+from nanohfa import tokenizer as tok  # noqa: E402
+from nanohfa.errors import UserError  # noqa: E402
 
 RESULTS = 'lm_eval_results.json'  # beside the checkpoint
 PER_TASK = ('results', 'groups', 'group_subtasks', 'configs', 'versions', 'n-shot', 'higher_is_better', 'n-samples')
@@ -288,7 +288,7 @@ def bytes_per_token(folder):
     layout data.py reads (val.bin, our shards, llm.c's headered shards, uint16 or uint32). (None, '',
     why) where the split or its tokenizer is not to be had."""
     import numpy as np
-    import data
+    from nanohfa import data
     try:
         meta = data.read_meta(folder)
         tokens = data.split_tokens(folder, 'val', 0)
@@ -356,8 +356,8 @@ def grid_table(args, rows):
     added to `rows` with mean, std and 95% CI over seeds and the difference against SA paired by
     seed; the held-out loss also in bits per byte. A name that fails on a run leaves that cell out
     and is listed (rows' `eval_failed`). Returns the markdown table."""
-    import data
-    from grid import REFERENCE, mean_std_ci
+    from nanohfa import data
+    from nanohfa.grid import REFERENCE, mean_std_ci
     names, manager = task_list(args.eval_tasks, args.eval_include_path)
     model_args = parse_model_args(args.eval_model_args)
     request = {'include_path': str(args.eval_include_path or ''), 'limit': args.eval_limit, 'num_fewshot': None}

@@ -39,12 +39,12 @@ from pathlib import Path
 
 import torch
 
-from errors import UserError
+from nanohfa.errors import UserError
 from model import GPTConfig
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
 WEIGHTS = 'model.safetensors'
-WRAPPER = ('hf_model', 'modeling_nanohfa')  # the project module, and its name in a folder
+WRAPPER = ('nanohfa.hf_model', 'modeling_nanohfa')  # the project module, and its name in a folder
 NOT_CARRIED = ('triton', 'triton_chunked', 'triton_common')  # module names: the Triton kernels (stubs)
 GPT2_CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
 
@@ -62,7 +62,7 @@ def module_file(name):
 
 
 def flat(name):
-    return WRAPPER[1] if name == WRAPPER[0] else name.replace('.', '_')
+    return WRAPPER[1] if name == WRAPPER[0] else name.removeprefix('nanohfa.').replace('.', '_')
 
 
 def stubbed(name):
@@ -178,7 +178,7 @@ def tokenizer_files(record, block_size, folder):
     whose newline must not stop generation."""
     from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
     if record.get('tokenizer') == 'gpt2':
-        import tokenizer as tok
+        from nanohfa import tokenizer as tok
         from transformers.convert_slow_tokenizer import TikTokenConverter
         enc = tok.GPT2Tokenizer()
         bpe = TikTokenConverter(vocab_file=str(tok.ensure_gpt2_ranks()), pattern=enc.enc._pat_str,
@@ -251,7 +251,7 @@ def write(model, record, to, source, fmt='auto', kernel='auto'):
         ours['bias'] = cfg.bias
         weights = gpt2_weights(model)
     else:
-        from hf_model import NanoHFAConfig
+        from nanohfa.hf_model import NanoHFAConfig
         config = NanoHFAConfig(**{**asdict(cfg), 'kernel': 'torch'}, bos_token_id=bos, eos_token_id=eos,
                                architectures=['NanoHFAForCausalLM'],
                                auto_map={'AutoConfig': f'{WRAPPER[1]}.NanoHFAConfig',

@@ -46,7 +46,7 @@ import os
 import sys
 from pathlib import Path
 
-import hub
+from nanohfa import hub
 
 hub.online()  # before lm_eval imports datasets: offline, Hub lookups then fail at once instead of retrying
 
@@ -65,10 +65,10 @@ from lm_eval.models.utils import (Collator, handle_stop_sequences, normalize_gen
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-import checkpoint  # noqa: E402
-import devices  # noqa: E402
-import tokenizer as tok  # noqa: E402
-from errors import UserError  # noqa: E402
+from nanohfa import checkpoint  # noqa: E402
+from nanohfa import devices  # noqa: E402
+from nanohfa import tokenizer as tok  # noqa: E402
+from nanohfa.errors import UserError  # noqa: E402
 from model import KVCache  # noqa: E402
 
 # the model arguments a user gives (eval.py's flags, compare.py --eval_model_args), with their defaults
