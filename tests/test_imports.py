@@ -156,3 +156,23 @@ def test_the_code_a_run_records_is_what_train_py_imports(tmp_path):
     with open(tmp_path / 'model.py', 'a') as f:
         f.write('# the model changed\n')
     assert run_folder.code_version(tmp_path)['files'] != before['files']
+
+
+def test_a_change_to_any_package_module_train_py_imports_changes_the_code_record(tmp_path):
+    """The code record follows train.py's imports into nanohfa/: each package file it reaches,
+    changed by one comment line, changes run.json's `files` hash."""
+    import shutil
+    from nanohfa import run_folder
+    for f in ROOT.glob('*.py'):
+        shutil.copy(f, tmp_path / f.name)
+    for d in ('attention_kernels', 'nanohfa'):
+        shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns('__pycache__'))
+    reached = [f for f in run_folder.code_files(tmp_path) if f.parent.name == 'nanohfa']
+    assert {'__init__.py', 'data.py', 'checkpoint.py', 'settings.py', 'run_folder.py'} <= {f.name for f in reached}
+    before = run_folder.code_version(tmp_path)['files']
+    for f in reached:
+        text = f.read_text()
+        f.write_text(text + '# changed\n')
+        assert run_folder.code_version(tmp_path)['files'] != before, f.name
+        f.write_text(text)
+    assert run_folder.code_version(tmp_path)['files'] == before
