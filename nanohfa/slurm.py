@@ -18,9 +18,10 @@ Time limits and preemption. SLURM sends SIGUSR2 --slurm_signal_s seconds before 
 handler acts on node 0 only, and tells a time limit from a preemption by the job's age alone): it
 sends SIGTERM to the node's train.py processes themselves (not to torchrun, which would kill them
 30 s later), which finish their step, save ckpt.pt and exit, within --slurm_signal_s less
-MARGIN_S; node 0 then requeues the job (scontrol requeue, retried), which resumes the run
-exactly. A warning within WARNING_EARLY_S of the time limit is the time limit's; those count
-toward --slurm_max_requeue, other warnings (a preemption) do not. A job is not requeued, and
+MARGIN_S; node 0 then records the segment and requeues the job (scontrol requeue, retried; the
+requeue kills the job step at once, so the record comes first), which resumes the run exactly.
+A warning within WARNING_EARLY_S of the time limit is the time limit's; those count toward
+--slurm_max_requeue, other warnings (a preemption) do not. A job is not requeued, and
 says why in one line (its run folder's slurm_job.json, --status, the summary), when its time
 limit has come more than --slurm_max_requeue times, when a whole --slurm_time passed without a
 new checkpoint, or when SLURM refuses the requeue. A SIGTERM from SLURM (scancel, a preemption
@@ -349,20 +350,23 @@ class TrainJob:
         elif kind == 'time limit' and limits > self.args.slurm_max_requeue:
             ended = (f"not requeued: its time limit came {limits} times, more than --slurm_max_requeue "
                      f"{self.args.slurm_max_requeue} allows ({saved_text}); rerun the command to continue it")
-        else:
+        if not ended:  # recorded first: the requeue kills this job step at once
+            self.segment(start, env, kind, rc, saved, requeued=True)
+            self.note(f"{what}, {saved_text}; requeueing" + (f" (time limit {limits} of --slurm_max_requeue "
+                                                           f"{self.args.slurm_max_requeue})" if kind == 'time limit' else ''))
             try:
                 slurm(['scontrol', 'requeue', env.job_id], REQUEUE_REFUSED, deadline=self.warned + self.args.slurm_signal_s)
+                return 'requeued'
             except SlurmUnreachable as e:
                 ended = (f"not requeued: SLURM refused to requeue job {env.job_id} ({e}); {saved_text}; "
                          f"rerun the command to resume it")
-        self.segment(start, env, kind, rc, saved, requeued=not ended)
-        if ended:
-            update_record(self.run_dir, ended=ended)
-            self.note(ended)
-            raise RuntimeError(ended)
-        self.note(f"{what}, {saved_text}; requeued" + (f" (time limit {limits} of --slurm_max_requeue "
-                                                         f"{self.args.slurm_max_requeue})" if kind == 'time limit' else ''))
-        return 'requeued'
+            segs = (read_record(self.run_dir) or {}).get('segments', [])
+            update_record(self.run_dir, segments=segs[:-1] + [{**segs[-1], 'requeued': False}])
+        else:
+            self.segment(start, env, kind, rc, saved, requeued=False)
+        update_record(self.run_dir, ended=ended)
+        self.note(ended)
+        raise RuntimeError(ended)
 
     def after_sigterm(self, start, env, rc):
         """A SIGTERM from SLURM (scancel, a preemption's grace time, the time limit): train.py saved

@@ -486,7 +486,7 @@ def assert_stopped_saved_and_resumed(background, name, reference):
     assert first['stop'] == 'preemption' and first['save'] == 'finished' and first['requeued']
     stdout = (run / 'stdout.txt').read_text()
     assert f"stopped by signal at iteration {first['saved_iter']}" in stdout
-    assert f"SLURM's warning (preemption), saved at iteration {first['saved_iter']}; requeued" in stdout
+    assert f"SLURM's warning (preemption), saved at iteration {first['saved_iter']}; requeueing" in stdout
     assert losses(run) == local_losses(background, reference)
     for err in run.glob('stderr*.txt'):  # every worker got the warning itself, none waited for it in vain
         assert 'HOLD_AT: no stop signal' not in err.read_text(), err
@@ -591,6 +591,7 @@ def test_a_real_preemption_saves_and_requeues_without_counting(background):
 def test_where_slurm_refuses_the_requeue_the_run_ends_in_one_line_and_resumes_when_rerun(background):
     job, rec, status, rerun = background.result('refused')
     ended = rec['ended']
+    assert rec['segments'][-1]['requeued'] is False  # recorded as requeued before the refusal, then corrected
     assert ended.startswith(f'not requeued: SLURM refused to requeue job {job} (Requested operation is presently '
                             f'disabled') and ended.endswith('rerun the command to resume it') and '\n' not in ended
     assert ended in status  # --status shows it
