@@ -503,21 +503,31 @@ def test_reproduction_table_pairs_each_reruns_ha_with_the_same_seeds_sa_under_th
 
 # the scale study on a second kernel path (tools/rerun.py --family scale)
 
-def test_pooled_paths_is_the_two_paths_means_with_the_path_as_a_block():
-    """The pooled estimate equals a least-squares fit of one mean per path, read at the average
-    of the two: its error comes from the spread within each path (n - 2 degrees of freedom), so a
-    shift between the paths moves the estimate but never widens its interval."""
+def test_pooling_over_paths_averages_each_seed_then_tests_across_seeds():
+    """Seed k's gap on each path, averaged: a one-sample t-test over the 5 seeds (4 degrees of freedom)."""
+    seeds = [0, 1, 2, 3, 4]
     d1, d2 = np.array([-0.02, -0.01, -0.03, -0.02, -0.015]), np.array([-0.01, 0.0, -0.02, -0.012, -0.008])
-    mean, half, p = grid_report.pooled_paths(d1, d2)
-    X = np.kron(np.eye(2), np.ones((5, 1)))  # one column per path
-    y = np.concatenate([d1, d2])
-    beta, res, *_ = np.linalg.lstsq(X, y, rcond=None)
-    s2 = res[0] / 8
-    se = math.sqrt(s2 * np.array([0.5, 0.5]) @ np.linalg.inv(X.T @ X) @ np.array([0.5, 0.5]))
-    assert mean == pytest.approx(beta.mean()) and half == pytest.approx(stats.t.ppf(0.975, 8) * se)
-    assert p == pytest.approx(2 * stats.t.sf(abs(beta.mean()) / se, 8))
-    shifted = grid_report.pooled_paths(d1, d2 + 0.05)
-    assert shifted[1] == pytest.approx(half) and shifted[0] == pytest.approx(mean + 0.025)
+    got, d, mean, half, p = grid_report.pooled_over_runs([(seeds, d1), (seeds, d2)])
+    per_seed = (d1 + d2) / 2
+    assert got == seeds and d == pytest.approx(per_seed) and mean == pytest.approx(per_seed.mean())
+    assert half == pytest.approx(stats.t.ppf(0.975, 4) * per_seed.std(ddof=1) / math.sqrt(5))
+    assert p == pytest.approx(stats.ttest_1samp(per_seed, 0.0).pvalue)
+
+
+def test_correlated_gaps_on_two_paths_do_not_shrink_the_interval_below_one_paths():
+    """A second path that repeats each seed's gap (shifted by a constant: correlation 1) adds no
+    seed: the pooled interval is the one path's, not the sqrt(2) narrower one of ten draws."""
+    seeds = [0, 1, 2, 3, 4]
+    d1 = np.array([-0.02, -0.01, -0.03, -0.02, -0.015])
+    _, _, one, _ = grid_report.mean_interval(d1)
+    _, d, mean, half, _ = grid_report.pooled_over_runs([(seeds, d1), (seeds, d1 + 0.004)])
+    assert len(d) == 5 and half == pytest.approx(one) and mean == pytest.approx(d1.mean() + 0.002)
+
+
+def test_a_seed_rerun_on_one_path_only_counts_once_with_its_one_run():
+    _, d, mean, _, _ = grid_report.pooled_over_runs([([0, 1, 2], np.array([-0.01, -0.02, -0.03])),
+                                                     ([0, 1], np.array([-0.03, -0.04]))])
+    assert d == pytest.approx([-0.02, -0.03, -0.03]) and mean == pytest.approx(-0.08 / 3)
 
 
 def test_a_rerun_claim_is_adjusted_within_its_first_path_family():
@@ -570,12 +580,24 @@ def test_the_second_path_reads_the_first_paths_presets_and_says_whether_each_ver
     assert study['width 48']['first']['verdict'] == 'HA lower' and study['width 48']['second']['verdict'] == 'no difference shown'
     assert not study['width 48']['holds'] and study['width 96']['holds']
     assert study['width 96']['second']['mean'] == pytest.approx(study['width 96']['first']['mean'])
-    assert len(study['width 96']['pooled']['d']) == 10
-    assert grid_report.holds_cell(study['width 48']).startswith('no: no difference shown there')
+    assert len(study['width 96']['pooled']['d']) == 5  # the seed is the unit: 5 seeds, not 10 runs
+    assert grid_report.holds_cell(study['width 48']).startswith('verdict changed: no difference shown there (')
+    assert grid_report.holds_cell(study['width 96']).startswith('same verdict, HA lower (')
     table = grid_report.answer_table({3000: widths[96]}, {3000: widths[96]}, widths,
                                      {'AVX2 path, 1 thread': study})
-    assert 'holds on the AVX2 path, 1 thread? |' in table.splitlines()[0]
-    assert '| no: no difference shown there' in [l for l in table.splitlines() if 'width 48 (equal tokens)' in l][0]
+    assert '| on the AVX2 path, 1 thread |' in table.splitlines()[0]
+    assert '| verdict changed: no difference shown there' in [l for l in table.splitlines() if 'width 48 (equal tokens)' in l][0]
+
+
+def test_a_null_verdict_kept_on_the_second_path_says_what_the_second_path_shows():
+    """'No difference shown' on both paths, while the second path's interval clears zero in 5 of 5
+    seeds: the cell keeps the verdict and states the interval, the seed count and Holm beside it."""
+    d = np.array([-0.01, -0.008, -0.006, -0.007, -0.005])
+    r = lambda mean, half: dict(d=d, mean=mean, half=half, p_holm=0.3, settle='no: order changed at iteration 2500',
+                                verdict='no difference shown')
+    cell = grid_report.holds_cell({'first': r(-0.004, 0.01), 'second': r(-0.0072, 0.006), 'holds': True})
+    assert cell.startswith('same verdict, no difference shown (-0.0072 [')
+    assert 'HA lower in 5 of 5; interval clear of zero; Holm 0.300; settled: no: order changed' in cell
 
 
 def test_a_verdict_whose_significance_hangs_on_a_stalled_seed_says_so(tmp_path, monkeypatch):
@@ -665,7 +687,7 @@ def test_a_second_path_on_part_of_the_seeds_is_set_beside_the_same_seeds_of_the_
     assert study['width 96']['second']['mean'] == pytest.approx(-0.028)
     table = grid_report.path_claims_table(study, {'cpu_capability': 'avx2', 'threads': 1})
     assert "| width 96 | committed, the rerun's seeds (0, 1) | 2 | -0.0205 [" in table
-    assert '2 of 5 seeds: -0.0280' in grid_report.holds_cell(study['width 96'])
+    assert 'HA lower in 2 of 2 (2 of 5 seeds rerun)' in grid_report.holds_cell(study['width 96'])
 
 
 def test_a_verdict_the_rerun_seeds_cannot_show_on_either_path_is_too_few_seeds_not_a_flip(tmp_path, monkeypatch):
@@ -678,4 +700,26 @@ def test_a_verdict_the_rerun_seeds_cannot_show_on_either_path_is_too_few_seeds_n
     monkeypatch.setattr(grid_report, 'scale_family', lambda lengths, widths: [])
     study = grid_report.path_study({}, {}, widths, 'rerun_avx2_threads1')
     assert study['width 96']['first']['verdict'] == 'HA lower' and not study['width 96']['holds']
-    assert grid_report.holds_cell(study['width 96']).startswith('too few seeds yet (2 of 5 seeds: -0.0200 [')
+    assert grid_report.holds_cell(study['width 96']).startswith('too few seeds yet (-0.0200 [')
+
+
+def test_the_first_screen_states_the_pooled_and_second_path_numbers_the_json_gives():
+    """RESULTS.md's "What it means" quotes the pooled 3,000-iteration lead and the pooled width
+    trend (seed as the unit), width 192 on the second path and the 6,000 -> 12,000 change as
+    grid_report computes them from the committed grids."""
+    folder = next(iter(grid_report.second_paths()), None)
+    if folder is None:
+        pytest.skip('no second-path rerun committed')
+    lengths, widths = grid_report.key_pair_lengths(), grid_report.key_pair_widths()
+    study = grid_report.path_study(grid_report.long_grids(), lengths, widths, folder)
+    text = (ROOT / 'RESULTS.md').read_text()
+    means = ' '.join(text[text.index('**What it means.**'):text.index('**What it does not say.**')].split())
+    lead = study['width 96']['pooled']
+    assert (f"pooled over both with the seed as the unit ({lead['mean']:+.4f} {grid_report.interval(lead['mean'], lead['half'])}, "
+            f"raw p {grid_report.fmt_p(lead['p'])}, Holm {grid_report.fmt_p(lead['p_holm'])})") in means
+    assert f"with the seed as the unit ({grid_report.fmt_p(study['slope per doubling of width']['pooled']['p_holm'])})" in means
+    w192 = study['width 192']['second']
+    assert (f"{w192['mean']:+.3f}, {int((w192['d'] < 0).sum())} of {len(w192['d'])}, Holm "
+            f"{grid_report.fmt_p(w192['p_holm'])} on the second") in means
+    _, _, mean, half, _ = grid_report.gap_change(lengths, 6000, 12000)
+    assert f"change {mean:+.4f} {grid_report.interval(mean, half)}" in means

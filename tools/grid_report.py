@@ -955,13 +955,13 @@ def answer_table(longs, lengths, widths, studies=None):
     same 16-position window, report half, paired by seed), one row each, with the Holm-adjusted
     p of the family it was tested in (the long study's or the scale study's); the equal-FLOPs
     rows are descriptive (no family). studies ({label: path_study}): one more column per second
-    kernel path, saying whether the row's verdict holds there (rows not rerun say so)."""
+    kernel path, giving the row's verdict there and what it rests on (rows not rerun say so)."""
     a, b = KEY_PAIR
     studies = studies or {}
     long_holm = {n: adj for n, x, y, _, adj in long_family(longs) if (x, y) == KEY_PAIR}
     scale = {claim: adj for claim, *_, adj in scale_family(lengths, widths)}
     lines = ['| finding | condition (width 96, 3,000 its unless named) | seeds | Δ HA - SA w16, nats/char [95% CI] '
-             '| HA lower in | p, Holm (family) | settled |' + ''.join(f' holds on the {label}? |' for label in studies),
+             '| HA lower in | p, Holm (family) | settled |' + ''.join(f' on the {label} |' for label in studies),
              '|---|---|---|---|---|---|---|' + '---|' * len(studies)]
 
     def holds(claim):
@@ -1005,7 +1005,7 @@ def answer_table(longs, lengths, widths, studies=None):
 # -----------------------------------------------------------------------------
 # the scale study retrained on a second CPU kernel path (tools/rerun.py --family scale): the same
 # presets, seeds and rates (chosen once, on the first path's selection half), each claim read on
-# each path, and pooled over both paths with the path as a block
+# each path, and pooled over both paths with the seed as the unit
 
 def second_paths():
     """{folder: path.json} of every family rerun committed as grids/rerun_<path>/."""
@@ -1069,20 +1069,18 @@ def without_seeds(cells, slope, seeds):
     return {v: drop(r) for v, r in cells.items()}
 
 
-def pooled_paths(d1, d2):
-    """Per-seed values of two paths pooled with the path as a block: the mean of the two paths'
-    means, its error from the spread within each path (n1 + n2 - 2 degrees of freedom).
-    (mean, 95% half-width, two-sided p)."""
-    from scipy import stats
-    d1, d2 = np.asarray(d1, float), np.asarray(d2, float)
-    dof = len(d1) + len(d2) - 2
-    if dof < 1:
-        return float('nan'), float('nan'), float('nan')
-    s = math.sqrt((((d1 - d1.mean()) ** 2).sum() + ((d2 - d2.mean()) ** 2).sum()) / dof)
-    mean, se = (d1.mean() + d2.mean()) / 2, s * math.sqrt(1 / len(d1) + 1 / len(d2)) / 2
-    if se == 0:
-        return float(mean), 0.0, float('nan')
-    return float(mean), float(stats.t.ppf(0.975, dof) * se), float(2 * stats.t.sf(abs(mean / se), dof))
+def pooled_over_runs(draws):
+    """Per-seed values of reruns of the same seeds (one (seeds, values) per path) pooled with the
+    seed as the unit: each seed's value averaged over the runs it has, then a one-sample t-test
+    over the seeds (n_seeds - 1 degrees of freedom). Seed k's runs share its initialisation and
+    data order, so they are not independent draws: counting each run as one would shrink the
+    interval by up to sqrt(runs) with nothing learnt. (seeds, per-seed means, mean, 95% half-width, p)."""
+    runs = {}
+    for seeds, d in draws:
+        for k, x in zip(seeds, d):
+            runs.setdefault(k, []).append(float(x))
+    seeds = sorted(runs)
+    return (seeds, *mean_interval(np.array([np.mean(runs[k]) for k in seeds])))
 
 
 def family_pvalues(longs, lengths, widths):
@@ -1145,11 +1143,8 @@ def path_study(longs, lengths, widths, folder):
         if set(s_seeds) < set(f_seeds):  # a part of the seeds rerun: the first path on those seeds alone, like for like
             _, d, mean, half, p = claim_draws(without_seeds(cells, slope, set(f_seeds) - set(s_seeds)), slope)
             raw[name]['first_same'] = dict(seeds=s_seeds, d=d, mean=mean, half=half, p=p)
-        d1, d2 = raw[name]['first']['d'], raw[name]['second']['d']
-        mean, half, p = pooled_paths(d1, d2)
-        raw[name]['pooled'] = dict(seeds=list(raw[name]['first']['seeds']) + list(raw[name]['second']['seeds']),
-                                   d=np.concatenate([d1, d2]), mean=mean, half=half, p=p, stalls={}, dropped=[],
-                                   alt=None, settle=None)
+        seeds, d, mean, half, p = pooled_over_runs([(raw[name][w]['seeds'], raw[name][w]['d']) for w in ('first', 'second')])
+        raw[name]['pooled'] = dict(seeds=seeds, d=d, mean=mean, half=half, p=p, stalls={}, dropped=[], alt=None, settle=None)
         raw[name]['family'] = fam
     for where in ('first', 'second', 'pooled'):
         replaced = {raw[n]['family']: raw[n][where]['p'] for n in raw if raw[n]['family']}
@@ -1180,7 +1175,7 @@ def hangs_note(r):
 
 
 def path_claims_table(study, record):
-    """Each claim on the first path, on the second and pooled over both (path as a block)."""
+    """Each claim on the first path, on the second and pooled over both (the seed as the unit)."""
     second = path_label(record)
     lines = ['| claim | path | seeds | Δ HA - SA w16 [95% CI] | HA lower in | stalled seeds HA, SA | p, Holm (family) '
              '| settled | verdict |', '|---|---|---|---|---|---|---|---|---|']
@@ -1188,7 +1183,7 @@ def path_claims_table(study, record):
         fam = res['family'][0] if res['family'] else None
         slope = name.startswith('slope')
         for where, label in (('first', f'committed ({GRID_CPU}, AVX512 path, 1 thread)'), ('second', second),
-                             ('pooled', 'both (path as a block)')):
+                             ('pooled', 'both, seed as the unit (its gap averaged over the paths)')):
             r = res[where]
             lower = int((r['d'] < 0).sum())
             lower = f"lead grew in {lower} of {len(r['d'])}" if slope else f"{lower} of {len(r['d'])}"
@@ -1206,16 +1201,29 @@ def path_claims_table(study, record):
 
 
 def holds_cell(res):
-    """The answer table's cell: does the committed verdict hold on the second path?"""
+    """The answer table's cell: the row's verdict on the second path, and what it rests on there
+    (the gap, how many of the seeds rerun favour HA, whether the interval clears zero, Holm, the
+    settle verdict), so that a verdict kept is never read as an effect kept."""
     f, s = res['first'], res['second']
-    n = '' if len(s['d']) == len(f['d']) else f"{len(s['d'])} of {len(f['d'])} seeds: "
+    slope = 'trend' in s['verdict'] or 'lead' in s['verdict']  # the slope claim's verdicts
+    lower = int((s['d'] < 0).sum())
+    clear = not math.isnan(s['half']) and abs(s['mean']) > s['half']
+    of = f" ({len(s['d'])} of {len(f['d'])} seeds rerun)" if len(s['d']) != len(f['d']) else ''
+    facts = [f"{s['mean']:+.4f} {interval(s['mean'], s['half'])}",
+             f"{'lead grew' if slope else 'HA lower'} in {lower} of {len(s['d'])}{of}",
+             f"interval {'clear of' if clear else 'across'} zero"]
+    if s['p_holm'] is not None:
+        facts.append(f"Holm {fmt_p(s['p_holm'])}")
+    if s['settle']:
+        facts.append(f"settled: {s['settle']}")
+    facts = '; '.join(facts)
     if res['holds']:
-        return f"yes ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+        return f"same verdict, {s['verdict']} ({facts})"
     same = res.get('first_same')
     if same and (math.isnan(same['half']) or abs(same['mean']) <= same['half']):  # the seeds rerun so far show it on neither path
-        return (f"too few seeds yet ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])}; the committed runs "
-                f"of those seeds show {'no trend' if 'trend' in s['verdict'] else 'no difference'} either)")
-    return f"no: {s['verdict']} there ({n}{s['mean']:+.4f} {interval(s['mean'], s['half'])})"
+        return (f"too few seeds yet ({facts}; the committed runs of those seeds show "
+                f"{'no trend' if slope else 'no difference'} either)")
+    return f"verdict changed: {s['verdict']} there ({facts})"
 
 
 def path_means_table(widths, folder, record):
