@@ -30,7 +30,7 @@ import numpy as np
 from nanohfa import hub
 from nanohfa import shards
 from nanohfa import tokenizer as tok
-from nanohfa.errors import UserError
+from nanohfa.errors import UserError, folder_name
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
 DATA = ROOT / 'data'
@@ -181,7 +181,7 @@ def prepare(source, name, tokenizer='gpt2', val_fraction=0.0005, num_proc=1, hf_
     shard_tokens tokens (train_000000.bin, ..., val_000000.bin, in llm.c's format) that a run
     started again resumes; None: shards of 100M tokens for the Hub, or a local source of more
     bytes than that, else single files. Then meta.json. Returns the folder."""
-    out = Path(root) / name
+    out = Path(root) / folder_name(name, 'dataset name (--name)')
     if shard_tokens is not None and not 0 <= shard_tokens <= shards.MAX_SHARD_TOKENS:  # the header's int32
         raise UserError(f"shard_tokens={shard_tokens:,} is out of range: give 1 to {shards.MAX_SHARD_TOKENS:,} "
                         f"tokens per shard, or 0 for single files")

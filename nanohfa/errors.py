@@ -25,6 +25,18 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
+def folder_name(name, what):
+    """name, if it names one folder inside its parent: not empty, '.' or '..', no path separator
+    or NUL, no surrounding spaces. A name that escaped (../x, /abs) would write outside the folder
+    the user gave, and one with a trailing separator (sa/) would share another name's folder."""
+    bad = not isinstance(name, str) or name != name.strip() or name in ('', '.', '..') or \
+        any(c in name for c in ('/', '\\', '\0'))
+    if bad:
+        raise UserError(f"{what} {name!r} is not a folder name: give one path component (letters, digits, "
+                        f"'_', '-', '.'; no '/', no '..')")
+    return name
+
+
 def _hook(kind, value, tb, _default=sys.excepthook):
     if issubclass(kind, UserError):
         # the real stderr: torch.distributed wraps this hook and buffers sys.stderr; under

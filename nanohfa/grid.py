@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nanohfa import configurator
 from nanohfa import settings
-from nanohfa.errors import ArgumentParser, UserError
+from nanohfa.errors import ArgumentParser, UserError, folder_name
 
 # numpy, torch and data.py (which needs numpy) are imported where used: the GPU checks
 # (tools/train_smoke.py) plan a grid on an image that may lack numpy
@@ -98,7 +98,16 @@ def plan(args):
             raise UserError(f"--preset {n}: seeds=0 is a count of no seeds (a count N runs seeds 0..N-1); for "
                             f"seed 0 alone give the count seeds=1 or the list seeds=0, or seeds=[0] (a list: "
                             f"seeds=0,2 runs seeds 0 and 2)")
-    names = [v.strip() for v in args.variants.split(',') if v.strip()]
+    names = [folder_name(v.strip(), 'variant') for v in args.variants.split(',') if v.strip()]
+    for n in presets:
+        folder_name(n, '--preset')
+    same = {}  # runs/<variant>/: a name given twice, or two that a case-blind filesystem (macOS) merges, share one
+    for n in names:
+        same.setdefault(n.casefold(), []).append(n)
+    clash = [v for v in same.values() if len(v) > 1]
+    if clash:
+        raise UserError(f"--variants names one run folder twice ({'; '.join(' and '.join(v) for v in clash)}): "
+                        f"give each variant once, under names that differ by more than case")
     unknown = [n for n in names if n not in presets]
     if unknown:
         raise UserError(f"unknown variant(s) {', '.join(unknown)}; presets: {', '.join(presets)} "

@@ -164,6 +164,17 @@ ROWS.update({
     'eval_only_unwritable_out_dir': ('train.py', ['--eval_only=True', '--out_dir={w}/afile/run'], None),
     # compare.py: one line too
     'compare_unknown_variant': ('compare.py', [*CMP, '--variants', 'sa,hfaa'], "unknown variant(s) hfaa; presets: sa,"),
+    # a name is one folder inside --out (or --root): none escapes, none shares another's folder
+    'compare_variant_escapes': ('compare.py', [*CMP, '--variants', '../../x', '--preset', '../../x', 'attention=sa'],
+                                "variant '../../x' is not a folder name: give one path component"),
+    'compare_variant_trailing_slash': ('compare.py', [*CMP, '--variants', 'sa/'], "variant 'sa/' is not a folder name"),
+    'compare_variant_twice': ('compare.py', [*CMP, '--variants', 'sa,hfa,sa'],
+                              "--variants names one run folder twice (sa and sa): give each variant once"),
+    'compare_variants_differ_by_case': ('compare.py', [*CMP, '--variants', 'sa,SA', '--preset', 'SA', 'attention=sa'],
+                                        "--variants names one run folder twice (sa and SA)"),
+    'prepare_name_escapes': ('prepare_openwebtext.py', ['--source={w}/one.txt', '--tokenizer=char', '--name=../../x',
+                                                        '--root={w}/prepared'],
+                             "dataset name (--name) '../../x' is not a folder name"),
     'compare_missing_out': ('compare.py', ['--variants', 'sa'], "the following arguments are required: --out"),
     'prepare_bad_choice': ('prepare_openwebtext.py', ['--tokenizer=bpe', '--root={w}/prepared'],
                            "argument --tokenizer: invalid choice: 'bpe' (choose from 'gpt2', 'char')"),
@@ -295,7 +306,8 @@ def test_prepare_offline_fails_at_once(results):
     assert 'Retrying' not in r['stderr'] and 'Retry' not in r['stdout']
 
 
-@pytest.mark.parametrize('row', ['empty_corpus', 'one_paragraph_corpus', 'prepare_loading_script', 'prepare_offline'])
+@pytest.mark.parametrize('row', ['empty_corpus', 'one_paragraph_corpus', 'prepare_loading_script', 'prepare_offline',
+                                 'prepare_name_escapes'])
 def test_failed_prepare_writes_nothing(results, row):
     assert not (results[row]['w'] / 'prepared').exists()
 
