@@ -320,7 +320,8 @@ def save_checkpoint(state, out, keep_last, saved_iter):
     out = Path(out)
     path, tmp, iter_num = out / 'ckpt.pt', out / 'ckpt.pt.tmp', state['iter_num']
     try:
-        with open(tmp, 'wb') as f:
+        tmp.unlink(missing_ok=True)  # a stale one, or a link planted there: O_EXCL creates the file anew
+        with os.fdopen(run_folder.open_in_place(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), 'wb') as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())

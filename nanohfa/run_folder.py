@@ -13,6 +13,7 @@ of the code files themselves), and the code of earlier segments where a resume c
 """
 
 import ast
+import errno
 import fcntl
 import hashlib
 import json
@@ -23,15 +24,37 @@ import sys
 import time
 from pathlib import Path
 
+from nanohfa.data import write_atomic
 from nanohfa.errors import UserError
 
 RUN_FILES = ('ckpt.pt', 'log.jsonl', 'train_log.jsonl', 'run.json')  # with ckpt_<iter>.pt: one run's files
+# the files a run opens for writing in place (ckpt.pt itself and run.json are renamed over: a
+# rename replaces a link, never writes through it)
+WRITTEN_IN_PLACE = ('.lock', 'log.jsonl', 'train_log.jsonl', 'ckpt.pt.tmp')
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: the scripts, data/ and cache/ beside this package
+
+
+def linked(path):
+    """The refusal of a run file that is a symbolic link."""
+    return (f"{path} is a symbolic link (to {os.readlink(path)}): a run writes its files in place, never through "
+            f"a link, which would aim its writes at another file; remove the link, or choose another --out_dir")
+
+
+def open_in_place(path, flags, mode=0o666):
+    """os.open of a file in a run folder that never follows a symbolic link: anyone who can create
+    the folder first (shared scratch) or hands over a run folder could otherwise aim this run's
+    writes at a file of their choosing."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(linked(path)) from None
+        raise
 
 
 def _lock(path, out_dir):
     """The lock file, opened and locked; a run holding it already is named in the refusal."""
-    f = open(path, 'a+')
+    f = os.fdopen(open_in_place(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), 'a+')
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -49,6 +72,9 @@ def claim(out_dir, fresh, overwrite):
     replaced: refused, or with overwrite moved to out_dir/replaced-<time>/ with the run's logs."""
     out = Path(out_dir)
     lock = None
+    for name in WRITTEN_IN_PLACE + ('run.json',):  # before anything is claimed or moved aside
+        if (out / name).is_symlink():
+            raise UserError(linked(out / name))
     try:
         if (out / '.lock').exists():  # a running run is the first thing to report
             lock = _lock(out / '.lock', out_dir)
@@ -93,7 +119,7 @@ def write_failed(e, what, out, saved_iter):
 def append_jsonl(path, record, saved_iter):
     """One JSON line appended to a log in the run folder (saved_iter: for write_failed)."""
     try:
-        with open(path, 'a') as f:
+        with os.fdopen(open_in_place(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
             f.write(json.dumps(record) + '\n')
     except OSError as e:
         raise write_failed(e, path, Path(path).parent, saved_iter)
@@ -103,7 +129,7 @@ def trim_jsonl(path, keep):
     """On resume, drop log lines written after the checkpoint (they will be redone)."""
     if path.exists():
         lines = [l for l in path.read_text().splitlines() if l.strip() and keep(json.loads(l))]
-        path.write_text(''.join(l + '\n' for l in lines))
+        write_atomic(path, ''.join(l + '\n' for l in lines).encode(), durable=False)
 
 
 def code_files(root=ROOT):
@@ -196,7 +222,7 @@ def start_logs(out, run, resumed_at=None, evaluated=False):
         else:
             for name in ('log.jsonl', 'train_log.jsonl'):
                 (out / name).unlink(missing_ok=True)
-        (out / 'run.json').write_text(json.dumps(run, indent=1))
+        write_atomic(out / 'run.json', json.dumps(run, indent=1).encode(), durable=False)
     except OSError as e:
         raise write_failed(e, f"the logs in {out}", out, resumed_at)
 

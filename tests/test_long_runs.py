@@ -166,7 +166,6 @@ def runs(char_data, tmp_path_factory):
     r['finished_before'] = checksums(tmp / 'finished')
     r['disk_full_before'] = checksums(tmp / 'disk_full')
     r['disk_fills_before'] = checksums(tmp / 'disk_fills')
-    (tmp / 'disk_full' / 'ckpt.pt.tmp').symlink_to('/dev/full')  # every write to it: No space left on device
     p = {
         'resume_held': launch(log('resume_held'), *base, f'--out_dir={tmp / "held"}', '--init_from=resume',
                               f'--max_iters={held_iter + 2}'),
@@ -175,8 +174,9 @@ def runs(char_data, tmp_path_factory):
         'finished': launch(log('finished'), f'--out_dir={tmp / "finished"}', '--init_from=resume'),
         'eval_stop': launch(log('eval_stop'), f'--out_dir={tmp / "eval_stop"}', '--init_from=resume', '--max_iters=100',
                             '--eval_interval=8', '--eval_iters=100000', '--lr_decay_iters=100'),
-        'disk_full': launch(log('disk_full'), f'--out_dir={tmp / "disk_full"}', '--init_from=resume', '--max_iters=6',
-                            '--lr_decay_iters=6'),
+        'disk_full': launch(log('disk_full'), 'train.py', f'--out_dir={tmp / "disk_full"}', '--init_from=resume',
+                            '--max_iters=6', '--lr_decay_iters=6', script='tests/train_hooks.py',
+                            NANOHFA_TEST_DIE_AT='6:0:nospace'),  # every write of that save: No space left on device
         'disk_fills': launch(log('disk_fills'), 'train.py', f'--out_dir={tmp / "disk_fills"}', '--init_from=resume',
                              '--max_iters=6', '--lr_decay_iters=6', script='tests/train_hooks.py',
                              NANOHFA_TEST_DIE_AT='6:0:full'),

@@ -13,7 +13,8 @@ ITER (WHERE=step, the default: that iteration's first training forward), halfway
 writing that iteration's checkpoint (save: torch.save writes it, then the file is cut to half
 its size), or sends itself SIGTERM during that iteration's step (term); with WHERE=full, that
 iteration's checkpoint meets a full disk instead (every write past its first 256 bytes raises
-OSError ENOSPC, as on a real one, where torch's writer then raises "unexpected pos ..."). The iteration is
+OSError ENOSPC, as on a real one, where torch's writer then raises "unexpected pos ..."), and with
+WHERE=nospace a disk with no space left (every write raises ENOSPC). The iteration is
 train.py's own `iter_num`, read from its globals while it runs.
 
 NANOHFA_TEST_READS: every host read of a tensor (item, tolist, cpu, numpy, float, int, bool)
@@ -65,17 +66,18 @@ def die_at(at, rank=0, where='step'):
         return
     import torch
     from model import GPT
-    if where == 'full':
-        save = torch.save
+    if where in ('full', 'nospace'):
+        save, room = torch.save, 256 if where == 'full' else 0
 
         class FillingDisk:
-            """The checkpoint file on a disk that fills halfway through it: a write past the first
-            256 bytes raises the OSError a full disk raises (ENOSPC), and torch's writer reports it."""
+            """The checkpoint file on a disk that fills halfway through it (full: a write past the
+            first 256 bytes) or has no space left (nospace: every write) raises the OSError a full
+            disk raises (ENOSPC), and torch's writer reports it."""
             def __init__(self, f):
                 self.f, self.written = f, 0
 
             def write(self, b):
-                if self.written + len(b) > 256:
+                if self.written + len(b) > room:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 self.written += len(b)
                 return self.f.write(b)
