@@ -34,6 +34,7 @@ another folder's, in one process). Besides:
 
 import ast
 import json
+import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -264,6 +265,7 @@ def write(model, record, to, source, fmt='auto', kernel='auto'):
     GenerationConfig(bos_token_id=bos, eos_token_id=eos).save_pretrained(to)
     save_file(weights, to / WEIGHTS, metadata={'format': 'pt'})
     (to / 'README.md').write_text(model_card(cfg, fmt, record, source))
+    shutil.copymode(to / 'README.md', to / WEIGHTS)  # safetensors writes 0600; the folder's other files are 0644 (umask)
     return fmt
 
 
@@ -346,6 +348,10 @@ def read_weights(folder):
     folder = Path(folder)
     index = folder / f'{WEIGHTS}.index.json'
     files = sorted(set(json.loads(index.read_text())['weight_map'].values())) if index.is_file() else [WEIGHTS]
+    for name in files:  # an index names shards of its own folder: a path elsewhere would be read as this model's
+        if not isinstance(name, str) or Path(name).name != name or name in ('', '.', '..'):
+            raise UserError(f"{index} names {name!r}, which is not a file of its folder {folder}; an index names the "
+                            f"shard files beside it: fix the index, or save the folder again")
     weights = {}
     for name in files:
         weights.update(load_file(folder / name))

@@ -556,6 +556,28 @@ def test_a_truncated_folder_is_refused_in_one_line(exported, tmp_path):
         checkpoint.load_checkpoint(folder)
 
 
+def test_the_weights_have_the_permissions_of_the_folders_other_files(exported):
+    folder = exported['ha'][2]
+    assert (folder / 'model.safetensors').stat().st_mode == (folder / 'config.json').stat().st_mode
+
+
+@pytest.mark.parametrize('where', ['absolute', 'parent'])
+def test_an_index_that_names_a_file_outside_its_folder_is_refused_in_one_line(exported, tmp_path, where):
+    """A sharded folder's index may only name shards beside it: weights elsewhere on the machine
+    are never read as this model's."""
+    import shutil
+    folder = tmp_path / 'sharded'
+    shutil.copytree(exported['ha'][2], folder)
+    outside = tmp_path / 'elsewhere.safetensors'
+    (folder / 'model.safetensors').rename(outside)
+    name = str(outside) if where == 'absolute' else '../elsewhere.safetensors'
+    from safetensors.torch import load_file
+    (folder / 'model.safetensors.index.json').write_text(json.dumps({'weight_map': {k: name for k in load_file(outside)}}))
+    with pytest.raises(UserError, match=r"model.safetensors.index.json names '.*elsewhere.safetensors', which is not a "
+                                        r"file of its folder"):
+        checkpoint.load_checkpoint(folder)
+
+
 def export_cmd(run, to, *extra):
     return [sys.executable, 'export_hf.py', f'--out_dir={run}', f'--to={to}', *extra]
 
