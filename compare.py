@@ -37,6 +37,7 @@ defaults in a dict `_compare` (train.py ignores names that start with '_'), e.g.
 """
 
 import csv
+import io
 import json
 import math
 import subprocess
@@ -45,12 +46,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from nanohfa.data import write_atomic
 from nanohfa.errors import UserError
 from nanohfa.grid import (REFERENCE, as_args, cpu_grid, gpu_slots, grid_budget, grid_budget_line, gpu_time_text, mean_std_ci,
                   parse_args, plan, plural, resolve, seed_text, seeds_of, tokens_text, welch_ci, welch_p)  # noqa: F401 (resolve: for the GPU checks)
 # a grid's runs on disk, shared with slurm.py (imported here by these names, as the tools and tests read them)
 from nanohfa.grid_runs import (ROOT, RUN_KEYS, TRAIN, config_mismatch, grid_runs, read_jsonl, recorded_mismatch,  # noqa: F401
                        recorded_runs, run_env, run_state, stderr_tail, stop_report, stop_workers, train_command)
+from nanohfa.run_folder import append_in_place
 
 
 # -----------------------------------------------------------------------------
@@ -127,7 +130,7 @@ def run_one(args, variant, seed, run_dir, state, gpus=None):
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = train_command(args, variant, seed, run_dir, state)
-    with open(run_dir / 'stdout.txt', 'a') as out, open(run_dir / 'stderr.txt', 'a') as err:
+    with append_in_place(run_dir / 'stdout.txt') as out, append_in_place(run_dir / 'stderr.txt') as err:
         where = f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus is not None else ''
         header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {state}{where}: {' '.join(cmd)}\n"
         out.write(header), err.write(header)
@@ -366,15 +369,17 @@ def dropped_runs(out, rows, variants):
 
 def write_outputs(out, rows, table):
     out.mkdir(parents=True, exist_ok=True)
-    (out / 'results.json').write_text(json.dumps(rows, indent=1))
-    (out / 'results.md').write_text(table + '\n')
+    # renamed into place: a link planted in the grid folder is replaced, never written through
+    write_atomic(out / 'results.json', json.dumps(rows, indent=1).encode(), durable=False)
+    write_atomic(out / 'results.md', (table + '\n').encode(), durable=False)
     flat = [k for k in rows[0] if k not in ('overrides', 'failed', 'runs', 'curves', 'seeds', 'config', 'eval_failed')] \
         if rows else []
-    with open(out / 'results.csv', 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=flat + ['n_failed'], extrasaction='ignore')
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, 'n_failed': len(r['failed'])})
+    f = io.StringIO(newline='')
+    w = csv.DictWriter(f, fieldnames=flat + ['n_failed'], extrasaction='ignore')
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, 'n_failed': len(r['failed'])})
+    write_atomic(out / 'results.csv', f.getvalue().encode(), durable=False)
 
 
 def plot(rows, path, title=''):

@@ -52,6 +52,11 @@ def open_in_place(path, flags, mode=0o666):
         raise
 
 
+def append_in_place(path):
+    """A file in a run or grid folder opened for appending text, never through a link."""
+    return os.fdopen(open_in_place(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a')
+
+
 def _lock(path, out_dir):
     """The lock file, opened and locked; a run holding it already is named in the refusal."""
     f = os.fdopen(open_in_place(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), 'a+')
@@ -119,7 +124,7 @@ def write_failed(e, what, out, saved_iter):
 def append_jsonl(path, record, saved_iter):
     """One JSON line appended to a log in the run folder (saved_iter: for write_failed)."""
     try:
-        with os.fdopen(open_in_place(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), 'a') as f:
+        with append_in_place(path) as f:
             f.write(json.dumps(record) + '\n')
     except OSError as e:
         raise write_failed(e, path, Path(path).parent, saved_iter)

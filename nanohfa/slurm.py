@@ -58,7 +58,8 @@ from pathlib import Path
 from nanohfa import grid_runs
 from nanohfa.errors import UserError
 from nanohfa.grid import gpu_time_text, grid_budget, makespan, seed_text, tokens_text
-from nanohfa.run_folder import code_text, code_version
+from nanohfa.data import write_atomic
+from nanohfa.run_folder import append_in_place, code_text, code_version, open_in_place
 
 RECORD = 'slurm_job.json'  # in each run folder: the job that runs it, and what its segments did
 # SLURM's job states (squeue %T); a state in none of these is shown as it is and waited on
@@ -140,12 +141,7 @@ def read_record(run_dir):
 def write_record(run_dir, rec):
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f'{RECORD}.{os.getpid()}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(rec, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, run_dir / RECORD)
+    write_atomic(run_dir / RECORD, json.dumps(rec, indent=1).encode())  # a random temp name, renamed over
 
 
 def update_record(run_dir, **changes):
@@ -282,7 +278,8 @@ class TrainJob:
         self.cmd, node = self.command(start, env), env.node
         suffix = f'.node{node}' if node else ''  # on a shared filesystem, one file per writer
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / f'stdout{suffix}.txt', 'a') as out, open(self.run_dir / f'stderr{suffix}.txt', 'a') as err:
+        with append_in_place(self.run_dir / f'stdout{suffix}.txt') as out, \
+                append_in_place(self.run_dir / f'stderr{suffix}.txt') as err:
             header = f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {start['state']} (SLURM job {env.job_id}): {' '.join(self.cmd)}\n"
             out.write(header), err.write(header)
             out.flush(), err.flush()
@@ -322,7 +319,7 @@ class TrainJob:
     def note(self, text):
         """A line in the run's stdout.txt and stderr.txt, after the segment's own output."""
         for name in ('stdout.txt', 'stderr.txt'):
-            with open(self.run_dir / name, 'a') as f:
+            with append_in_place(self.run_dir / name) as f:
                 f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
     def segment(self, start, env, stop, rc, saved, **more):
@@ -526,7 +523,7 @@ def submitting(out):
     take turns, so the second finds the first's jobs queued."""
     path = Path(out) / 'slurm' / 'submit.lock'
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, 'a+') as f:
+    with os.fdopen(open_in_place(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), 'a+') as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,6 +1,7 @@
 """A run folder cannot be aimed: a file train.py writes in place (.lock, the logs, ckpt.pt.tmp)
 or run.json that is a symbolic link is refused in one line before anything is claimed, and a
-link planted after the claim is never written through."""
+link planted after the claim is never written through; a grid folder's summaries and SLURM
+records are renamed over a link, and a run's stdout.txt is never appended through one."""
 
 import hashlib
 import json
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+import compare
 from nanohfa import checkpoint
+from nanohfa import slurm
 from nanohfa import run_folder
 from nanohfa import tokenizer as tok
 from nanohfa.errors import UserError
@@ -97,3 +100,26 @@ def test_a_resume_into_a_folder_whose_log_is_a_link_is_one_line_and_changes_noth
     assert r.returncode != 0 and len(lines) == 1 and 'train_log.jsonl is a symbolic link' in lines[0], r.stderr
     assert v.read_text() == 'not yours to write\n'
     assert {p.name: md5(p) for p in out.iterdir() if p.is_file() and not p.is_symlink()} == files
+
+
+def test_a_grids_summaries_replace_links_planted_in_its_folder(tmp_path):
+    out, v = tmp_path / 'grid', victim(tmp_path)
+    out.mkdir()
+    for name in ('results.json', 'results.md', 'results.csv'):
+        (out / name).symlink_to(v)
+    compare.write_outputs(out, [{'variant': 'sa', 'n_seeds': 0, 'failed': []}], '| table |')
+    assert v.read_text() == 'not yours to write\n'
+    assert not any((out / n).is_symlink() for n in ('results.json', 'results.md', 'results.csv'))
+    assert json.loads((out / 'results.json').read_text())[0]['variant'] == 'sa'
+
+
+def test_a_slurm_record_replaces_a_link_and_a_runs_output_is_not_appended_through_one(tmp_path):
+    run, v = tmp_path / 'run', victim(tmp_path)
+    run.mkdir()
+    (run / slurm.RECORD).symlink_to(v)
+    slurm.write_record(run, {'job_id': '7'})
+    assert not (run / slurm.RECORD).is_symlink() and slurm.read_record(run)['job_id'] == '7'
+    (run / 'stdout.txt').symlink_to(v)
+    with pytest.raises(UserError, match='stdout.txt is a symbolic link'):
+        run_folder.append_in_place(run / 'stdout.txt')
+    assert v.read_text() == 'not yours to write\n'
