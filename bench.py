@@ -688,8 +688,65 @@ def grid_step(cfg, vocab):
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_dict({**cfg, 'vocab_size': vocab}))
     opt = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']), 'cpu')
+    for group in opt.param_groups:  # every round times the same model: repeated steps on one batch at the
+        group['lr'] = 0.0           # grid's rate drift the weights into denormals (HA at width 192: 0.26 -> 1.3 s)
     return train_step(model, opt, *random_batch(vocab, cfg['batch_size'], cfg['block_size']),
                       accum=cfg['gradient_accumulation_steps'], grad_clip=cfg['grad_clip'])
+
+
+def ha_fallback_rows(args):
+    """What HA's PyTorch forms launch when they stand in for the Triton kernel on a GPU: per
+    call of one layer's heads (forward + backward, --ha_fallback_shape), the aten ops and the
+    bytes their outputs write, counted on meta tensors (shapes only: nothing is computed, so
+    the [IA] table's shape is counted on any machine), each form with the chunk bound it
+    would have on CUDA, and a time estimate from the bytes alone at --ha_fallback_bandwidth."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attention_kernels.ha import pytorch as blockwise
+    from attention_kernels.ha import windowed
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.bytes = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default):
+                return out  # no kernel, nothing written
+            self.ops += 1
+            self.bytes += sum(t.nbytes for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+            return out
+
+    N, T, dh, w1, w2 = (int(x) for x in args.ha_fallback_shape.split(','))
+    dtype = getattr(torch, args.ha_fallback_dtype)
+    q, k, v = (torch.empty(N, T, dh, dtype=dtype, device='meta') for _ in range(3))
+    geo = (0, True, w1, w2, dh ** -0.5)
+    rows = []
+    bound = windowed.CHUNK_ELEMENTS
+    saved = dict(bound)
+    bound['meta'] = bound['cuda']
+    try:
+        for name, form in (('windowed', windowed), ('blockwise', blockwise)):
+            if name == 'windowed' and not windowed.applies(True, w1, w2):
+                continue
+            with Count() as fwd:
+                out, lse, out32 = form.ha3_forward(q, k, k, v, v, *geo)
+            with Count() as bwd:
+                form.ha3_backward(q, k, k, v, v, out if out32 is None else out32, lse, torch.empty_like(out), *geo)
+            total = fwd.bytes + bwd.bytes
+            rows.append(dict(kind='ha_fallback', form=name, shape=dict(N=N, T=T, dh=dh, windows=[w1, w2]),
+                             dtype=args.ha_fallback_dtype, fwd_ops=fwd.ops, bwd_ops=bwd.ops, fwd_bytes=fwd.bytes,
+                             bwd_bytes=bwd.bytes, bandwidth=args.ha_fallback_bandwidth,
+                             seconds_estimate=2 * total / args.ha_fallback_bandwidth,  # each byte written is read once
+                             note='ops and bytes counted on meta tensors; the time assumes every byte written is '
+                                  'read back once at the bandwidth, no launch cost: an estimate'))
+            print(f"{name}: forward {fwd.ops} ops {fwd.bytes / 1e9:.2f} GB, backward {bwd.ops} ops "
+                  f"{bwd.bytes / 1e9:.2f} GB, ~{rows[-1]['seconds_estimate'] * 1e3:.1f} ms", flush=True)
+    finally:
+        bound.clear()
+        bound.update(saved)
+    return rows
 
 
 def grid_step_times(compare_argv, rounds):
@@ -698,9 +755,13 @@ def grid_step_times(compare_argv, rounds):
     `rounds` rounds visit the variants in turn, 3 steps each after two warm-up steps; the
     median goes to OUT/step_times.json."""
     from nanohfa import grid
+    from nanohfa import data
     args = grid.parse_args(compare_argv)
-    torch.set_num_threads(1)
     variants = grid.plan(args)
+    folder = data.folder_of(variants[0]['cfg']['data_dir'], variants[0]['cfg']['dataset'])
+    if not (folder / 'train.bin').exists():  # else the vocabulary falls back to GPT-2's and the head dominates
+        sys.exit(f"{folder / 'train.bin'} not found: prepare the grid's dataset first (README), then time its steps")
+    torch.set_num_threads(1)
     vocab = grid.vocab_size(variants[0]['cfg'])
     steps = {v['variant']: grid_step(v['cfg'], vocab) for v in variants}
     for step in steps.values():  # warm-up: allocator, first-call overheads
@@ -932,6 +993,12 @@ def main():
     g.add_argument('--lm_eval_size', default='16,1024',
                    help='batch,block_size of the scoring-memory rows (vocabulary 50,304; the old path needs ~2 GB '
                         'per 1,000 x 50,304 positions)')
+    g = p.add_argument_group("--ha_fallback: HA's PyTorch forms as a GPU fallback (ops and bytes, meta tensors)")
+    g.add_argument('--ha_fallback', action='store_true', help='only the HA fallback rows')
+    g.add_argument('--ha_fallback_shape', default='144,1024,64,64,64',
+                   help="N (batch x heads of one layer's call),T,dh,w1,w2; default: the [IA] table's HA")
+    g.add_argument('--ha_fallback_dtype', default='bfloat16')
+    g.add_argument('--ha_fallback_bandwidth', type=float, default=3.35e12, help='bytes/s (H100 SXM HBM3)')
     add_kernel_args(p)
     args = p.parse_args()
 
@@ -956,6 +1023,9 @@ def main():
         return
     if args.step_times is not None:
         grid_step_times(args.step_times, args.rounds)
+        return
+    if args.ha_fallback:
+        write_records(ha_fallback_rows(args), args.out)
         return
     with_kernels = parse_kernel_args(args)
     if args.kernels_only:

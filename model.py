@@ -62,6 +62,7 @@ class GPTConfig:
     ha_share_kv: bool = False
     ha_window1: int = 0
     ha_window2: int = 0
+    ha_form: str = 'auto'       # order-3 HA's PyTorch form: 'auto', 'windowed' or 'blockwise'
     attn_window: int = 0
     kernel: str = 'auto'        # one of attention_kernels.KERNELS
     kernel_check: bool = True
@@ -90,6 +91,11 @@ class GPTConfig:
         if self.attn_window and set(self.layer_attentions()) == {'ha'}:
             raise ValueError("attn_window applies to sa, linear and hfa heads and this model has none; "
                              "window HyperAttention with ha_window1 / ha_window2")
+        if self.ha_form not in ('auto', 'windowed', 'blockwise'):
+            raise ValueError(f"ha_form must be 'auto', 'windowed' or 'blockwise', not {self.ha_form!r}")
+        if self.ha_form == 'windowed' and not (self.causal and self.ha_window1 and self.ha_window2):
+            raise ValueError("ha_form='windowed' computes HA with both slots windowed; set ha_window1 and ha_window2 "
+                             "(causal=True), or use ha_form='auto'")
         if self.hfa_kron not in ('auto', 'on', 'off'):
             raise ValueError(f"hfa_kron must be 'auto', 'on' or 'off', not {self.hfa_kron!r}")
         if self.kernel not in attention_kernels.KERNELS:
@@ -151,7 +157,7 @@ def kernel_heads(cfg):
     return [dict(family=family[g.kind], heads=g.heads, factors=g.n_q, softmax=g.softmax, head_size=cfg.dh,
                  causal=cfg.causal, window=cfg.attn_window if cfg.causal else 0, norm=cfg.linear_norm,
                  order=cfg.ha_order, windows=[cfg.ha_window1, cfg.ha_window2] if cfg.causal else [0, 0],
-                 shared=cfg.ha_share_kv)
+                 shared=cfg.ha_share_kv, form=cfg.ha_form)
             for layer in cfg.layer_attentions() for g in head_groups(cfg, layer)]
 
 
@@ -271,7 +277,7 @@ class HAHeads(Heads):
     def mix(self, q, k, v, offset):  # shared keys and values: one stream (k, v of size 1) in every slot
         c = self.cfg
         return ha.attention(q.squeeze(0), k, v, offset, c.causal, c.ha_order, (c.ha_window1, c.ha_window2),
-                            c.softmax, c.kernel, c.kernel_check)
+                            c.softmax, c.kernel, c.kernel_check, c.ha_form)
 
     def mix_flops(self, T):
         c, n = self.cfg, self.cfg.ha_order - 1

@@ -263,7 +263,8 @@ saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint 
 if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
     run_folder.start_logs(out, {'config': config, 'model_args': asdict(gptconf), 'params': n_params,
                                 'flops_per_token': flops_per_token, 'world_size': world_size, 'peak_flops': mfu.peak,
-                                'peak_flops_source': mfu.source, 'kernels': kernel_paths},
+                                'peak_flops_source': mfu.source, 'kernels': preflight.record(
+                                    kernel_paths, kernel_heads(gptconf), gptconf.kernel, device, dtype, block_size)},
                           resumed_at=iter_num if ckpt is not None else None, evaluated=evaluated_at_start)
     if ckpt is not None:
         print(f"resuming from {ckpt_path} at iteration {iter_num}")

@@ -109,15 +109,19 @@ CHUNKED_MIN_T = 1024
 
 
 def route(kernel, family, dtype, device, *, softmax=True, dropout=False, order=3, factors=1, head_size=64,
-          kron='auto', long_causal=False):
+          kron='auto', long_causal=False, ha_geometry=None, ha_form='auto'):
     """The name of the form that computes `family` ('sa', 'linear', 'hfa', 'ha') for inputs of
     `dtype` on `device` ('cuda', 'cpu', ...) under the model's `kernel` setting. The case:
     softmax, attention-weight dropout (only the PyTorch forms have it), HA's order, HFA's
     number of factors A and head size (the lifted width is head_size^A), hfa_kron, and
-    long_causal: full causal self-attention of CHUNKED_MIN_T positions or more (linear).
+    long_causal: full causal self-attention of CHUNKED_MIN_T positions or more (linear);
+    ha_geometry: HA's (Tq, Tk, offset, causal, window1, window2), and ha_form (the model's
+    ha_form: 'auto', 'windowed' or 'blockwise'), which choose between HA's two PyTorch forms
+    of order 3 (ha/windowed.py's `wins` holds the rule).
     Names: 'reference' (the definition), 'sdpa', 'torch' (linear's definition is its
     PyTorch form), 'torch_kron' / 'torch_explicit' (HFA), 'torch_blockwise' /
-    'torch_prefix' / 'torch_naive' (HA order 3 softmax / order 3 linear / order >= 4),
+    'torch_windowed' / 'torch_prefix' / 'torch_naive' (HA order 3 softmax, both slots
+    windowed or not / order 3 linear / order >= 4),
     'triton', 'triton_chunked' (linear)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, not {kernel!r}")
@@ -140,20 +144,28 @@ def route(kernel, family, dtype, device, *, softmax=True, dropout=False, order=3
         return 'torch_kron' if lift else 'torch_explicit'
     if order > 3:
         return 'torch_naive'
-    return 'torch_blockwise' if softmax else 'torch_prefix'
+    if not softmax:
+        return 'torch_prefix'
+    if ha_form != 'blockwise' and ha_geometry and ha_windowed.applies(*ha_geometry[3:]):
+        if ha_form == 'windowed' or ha_windowed.wins(*ha_geometry, device=device):
+            return 'torch_windowed'
+    return 'torch_blockwise'
 
 
 def dispatch(kernel, family, q, k, *, check=True, offset=0, causal=True, window=0, softmax=True, dropout_p=0.0,
-             order=3, kron='auto'):
+             order=3, kron='auto', windows=(0, 0), ha_form='auto'):
     """The function that computes `family` for queries q and keys k (the family's layout:
     HFA's and HA's with their streams first) under the model's `kernel` setting, by
     `route`. Every form of a family takes that family's arguments (see `<family>.attention`);
     a Triton form also the model's fallback rule: kernel='triton' raises where 'auto' falls
-    back (guard.py), and `check` (the model's kernel_check) runs the first-use self-check."""
+    back (guard.py), and `check` (the model's kernel_check) runs the first-use self-check.
+    windows and ha_form: HA's."""
     long_causal = (causal and not window and offset == 0 and q.size(-2) == k.size(-2)
                    and q.size(-2) >= CHUNKED_MIN_T)
     how = route(kernel, family, q.dtype, q.device.type, softmax=softmax, dropout=bool(dropout_p), order=order,
-                factors=q.size(0) if family == 'hfa' else 1, head_size=q.size(-1), kron=kron, long_causal=long_causal)
+                factors=q.size(0) if family == 'hfa' else 1, head_size=q.size(-1), kron=kron, long_causal=long_causal,
+                ha_geometry=(q.size(-2), k.size(-2), offset, causal, *windows[:2]) if family == 'ha' else None,
+                ha_form=ha_form)
     fn = FORMS[family][how]
     if how.startswith('triton'):
         return functools.partial(fn, strict=kernel == 'triton', check=check)
@@ -161,6 +173,7 @@ def dispatch(kernel, family, q, k, *, check=True, offset=0, causal=True, window=
 
 
 from attention_kernels import ha, hfa, linear, sa  # noqa: E402  the forms dispatch returns; they call dispatch
+from attention_kernels.ha import windowed as ha_windowed  # noqa: E402
 
 FORMS = {
     'sa': {'reference': sa.reference, 'sdpa': sa.sdpa},
@@ -169,5 +182,6 @@ FORMS = {
     'hfa': {'reference': hfa.reference, 'torch_kron': hfa.lifted, 'torch_explicit': hfa.explicit,
             'triton': hfa.with_triton},
     'ha': {'reference': ha.reference, 'torch_naive': ha.reference, 'torch_blockwise': ha.blockwise,
+           'torch_windowed': ha.gathered,
            'torch_prefix': ha.prefix_sums, 'triton': ha.with_triton},
 }

@@ -2,17 +2,34 @@
 PyTorch stand-ins for the Triton entry points, same signatures and results: what
 kernel='auto' runs for a configuration whose Triton kernel failed to compile or launch on
 the user's GPU (another triton version, too little shared memory) or disagreed with
-PyTorch in its first-use self-check (guard.py). HA uses the blockwise PyTorch kernel
-(ha/pytorch.py); HFA and linear attention their definitions (naive.py), which materialise
+PyTorch in its first-use self-check (guard.py). HA uses the windowed PyTorch kernel
+(ha/windowed.py) where its rule takes it on CUDA (narrow windows: a fixed number of ops,
+where the blockwise one issues a dozen per block of queries and keys), else the blockwise
+one (ha/pytorch.py); HFA and linear attention their definitions (naive.py), which materialise
 the (Tq, Tk) scores as the model's own PyTorch path does, differentiated in float32.
 """
 
 import torch
 
 from attention_kernels.guard import vjp
-from attention_kernels.ha.pytorch import ha3_backward, ha3_forward  # noqa: F401  the same signatures and results
+from attention_kernels.ha import pytorch as blockwise
+from attention_kernels.ha import windowed
 from attention_kernels.hfa.naive import naive_hfa
 from attention_kernels.linear.naive import naive_linear
+
+
+def _ha_form(q, k1, offset, causal, window1, window2):
+    return windowed if windowed.wins(q.size(1), k1.size(1), offset, causal, window1, window2, 'cuda') else blockwise
+
+
+def ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale):
+    return _ha_form(q, k1, offset, causal, window1, window2).ha3_forward(q, k1, k2, v1, v2, offset, causal, window1,
+                                                                          window2, scale)
+
+
+def ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset, causal, window1, window2, scale):
+    return _ha_form(q, k1, offset, causal, window1, window2).ha3_backward(q, k1, k2, v1, v2, out, lse, dout, offset,
+                                                                           causal, window1, window2, scale)
 
 
 def hfa_forward(q, k, v, offset, causal, window, scale):

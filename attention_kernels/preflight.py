@@ -580,6 +580,26 @@ def run(heads, kernel, device, dtype, T, timeout=TIMEOUT_S, local_rank=0, import
     return paths
 
 
+def record(paths, heads, kernel, device, dtype, T):
+    """run.json's 'kernels': per family of the model's `heads`, the form that computes its
+    training forward ('form': dispatch's name for it, after the preflight's verdicts, as
+    route gives it for a (T, T) causal call) and the preflight's entry where there is one.
+    A run's numbers can be remade only on the form that made them (tools/rerun.py)."""
+    out = {}
+    for h in heads:
+        f = h['family']
+        if f in out:
+            continue
+        window = h['window'] if h['causal'] else 0
+        form = attention_kernels.route(kernel, f, getattr(torch, dtype), torch.device(device).type,
+                                       softmax=h['softmax'], order=h['order'], factors=h['factors'],
+                                       head_size=h['head_size'], long_causal=f == 'linear' and h['causal']
+                                       and not window and T >= attention_kernels.CHUNKED_MIN_T,
+                                       ha_geometry=(T, T, 0, h['causal'], *h['windows']), ha_form=h.get('form', 'auto'))
+        out[f] = {'form': form, **paths.get(f, {})}
+    return out
+
+
 def agree(paths, kernel, device):
     """Under torchrun: a family that failed the preflight on any node uses PyTorch on every
     rank (kernel='triton': every rank stops). One all_reduce (MAX) of a flag per family."""

@@ -24,6 +24,7 @@ dropout = 0.0
 bias = False
 ha_window1 = 16
 ha_window2 = 8
+ha_form = 'blockwise'  # the form the committed grids trained with: their runs rerun bit-identical (tools/rerun.py)
 
 learning_rate = 2e-3
 max_iters = 1000

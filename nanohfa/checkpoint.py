@@ -193,7 +193,7 @@ def refuse_architecture_changes(config, set_by, source, source_args):
     loaded from `source`, whose model arguments are source_args: one line, not ignored."""
     for k, v in source_args.items():
         if k in set_by and k in config and k in GPTConfig.__dataclass_fields__ and config[k] != v \
-                and k not in ('dropout', 'hfa_kron', 'block_size', 'kernel_check'):  # these may change; block_size may shrink
+                and k not in ('dropout', 'hfa_kron', 'ha_form', 'block_size', 'kernel_check'):  # these may change; block_size may shrink
             raise UserError(f"{k}={config[k]!r} (set by {set_by[k]}) contradicts {source}, which has {k}={v!r}; "
                             f"its architecture is fixed: drop that setting, or train a new model in another out_dir")
 
@@ -203,7 +203,7 @@ def starting_weights(kind, config, set_by, ckpt, ckpt_path, meta, data_path):
     resumes (ckpt), another run's checkpoint (ours or nanoGPT's), GPT-2's weights (a GPT) or
     none (from scratch: the config's model). Every source is checked against the data's tokens
     and the user's architecture settings; the settings that may change (dropout, hfa_kron,
-    kernel, kernel_check) are the config's."""
+    ha_form, kernel, kernel_check) are the config's."""
     c = config
     model_args = {k: c[k] for k in c if k in GPTConfig.__dataclass_fields__}
     model_args['vocab_size'] = data.model_vocab_size(meta)
@@ -214,7 +214,8 @@ def starting_weights(kind, config, set_by, ckpt, ckpt_path, meta, data_path):
         refuse_architecture_changes(c, set_by, f"the checkpoint {source}", weights['model_args'])
     if weights is not None:
         data.check_tokens_fit(weights, source, meta, data_path)
-        model_args = {**weights['model_args'], 'dropout': c['dropout'], 'hfa_kron': c['hfa_kron'], 'kernel': c['kernel'],
+        model_args = {**weights['model_args'], 'dropout': c['dropout'], 'hfa_kron': c['hfa_kron'],
+                      'ha_form': c['ha_form'], 'kernel': c['kernel'],
                       'kernel_check': c['kernel_check']}
         model_args = {k: v for k, v in model_args.items() if k in GPTConfig.__dataclass_fields__}
     elif kind == 'gpt2':  # GPT-2 weights (nanoGPT's finetune and eval configs)

@@ -75,12 +75,15 @@ TRAIN = {
                             "+ 2 HFA hybrid)", '-1 or >= 0'),
         'hfa_kron': S('auto', "HFA through SDPA on row-wise Kronecker-lifted queries/keys of width dh^A: on, off, or "
                               "auto (on while dh^A is small)"),
-        'ha_order': S(3, "n, HA's order: n - 1 keys per score; order 3 runs blockwise, order >= 4 on the "
+        'ha_order': S(3, "n, HA's order: n - 1 keys per score; order 3 runs by ha_form, order >= 4 on the "
                          "materialising reference", '>= 2'),
         'ha_share_kv': S(False, "HA with weight sharing, K2 = K1 and V2 = V1 ([IA] reports HA with and without)"),
         'ha_window1': S(0, "windowed HA: j1 in the last w1 positions (0: full causal); with ha_window2, O(T w1 w2) "
                            "(2-simplicial attention, Roy et al. 2025, arXiv 2507.02754)", '>= 0'),
         'ha_window2': S(0, "windowed HA: j2 in the last w2 positions (0: full causal)", '>= 0'),
+        'ha_form': S('auto', "order-3 HA's PyTorch form: 'windowed' (each query's two windows gathered; both "
+                             "windows set), 'blockwise' (online softmax over key blocks; any windows) or 'auto' "
+                             "(windowed where it is faster, attention_kernels/ha/windowed.py)"),
         'attn_window': S(0, "sliding-window sa, linear and hfa heads: position i reads i - w < j <= i (0: full "
                             "causal), so locality can be matched with windowed HA (Beltagy et al. 2020, Longformer)",
                          '>= 0'),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,16 +154,48 @@ def test_table_rows(keep_threads):
     assert records[0]['tokens_per_s'] > 0 and records[1]['tokens_per_s'] is None  # order 4: not run
 
 
+def char_data(folder):
+    folder.mkdir()
+    np.random.default_rng(0).integers(0, 16, 3000).astype(np.uint16).tofile(folder / 'train.bin')
+    (folder / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 16, 'itos': list('abcdefghijklmnop')}))
+    return folder
+
+
 def test_step_times_of_a_grid(tmp_path, keep_threads):
     """--step_times takes a compare.py grid's arguments and writes OUT/step_times.json:
     the median seconds per step of each variant, and every round's."""
     out = tmp_path / 'grid'
     bench.grid_step_times(['--config', 'config/compare_cpu.py', '--out', str(out), '--variants', 'sa,hfa',
-                           '--seeds', '1', '--n_layer=1', '--batch_size=2', '--block_size=16'], rounds=2)
+                           '--seeds', '1', '--n_layer=1', '--batch_size=2', '--block_size=16',
+                           f"--data_dir={char_data(tmp_path / 'data')}"], rounds=2)
     result = json.loads((out / 'step_times.json').read_text())
     assert set(result['seconds_per_step']) == {'sa', 'hfa'} and result['rounds'] == 2
     for v, t in result['seconds_per_step'].items():
         assert len(result['all_seconds'][v]) == 2 and min(result['all_seconds'][v]) <= t > 0
+
+
+def test_step_times_of_a_grid_whose_data_is_missing_is_one_line(tmp_path):
+    """Without the dataset the vocabulary would fall back to GPT-2's, and the output layer,
+    not the attention, would be timed."""
+    with pytest.raises(SystemExit, match=r"train.bin not found: prepare the grid's dataset first"):
+        bench.grid_step_times(['--config', 'config/compare_cpu.py', '--out', str(tmp_path / 'grid'), '--variants',
+                               'sa', '--seeds', '1', f"--data_dir={tmp_path / 'none'}"], rounds=1)
+    assert not (tmp_path / 'grid').exists()
+
+
+def test_ha_fallback_counts_ops_and_bytes_of_both_forms():
+    """Counted on meta tensors. The windowed form launches the same ops whatever T is (one
+    chunk); the blockwise form's grow with the number of blocks."""
+    def rows(T):
+        args = argparse.Namespace(ha_fallback_shape=f'4,{T},8,16,8', ha_fallback_dtype='bfloat16',
+                                  ha_fallback_bandwidth=1e12)
+        return {r['form']: r for r in bench.ha_fallback_rows(args)}
+    short, long = rows(64), rows(256)
+    assert short['windowed']['fwd_ops'] == long['windowed']['fwd_ops']
+    assert short['windowed']['bwd_ops'] == long['windowed']['bwd_ops']
+    assert long['blockwise']['fwd_ops'] > 3 * short['blockwise']['fwd_ops'] > 3 * short['windowed']['fwd_ops']
+    assert long['windowed']['fwd_bytes'] > short['windowed']['fwd_bytes'] > 4 * 64 * 16 * 8 * 4  # the logits, at least
+    assert all(r['seconds_estimate'] == 2 * (r['fwd_bytes'] + r['bwd_bytes']) / 1e12 for r in long.values())
 
 
 def test_memory_rows_see_activation_checkpointing(keep_threads):

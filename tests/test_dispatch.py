@@ -36,6 +36,9 @@ CLASSES = {
     'hfa no softmax': ('hfa', dict(A=2, dh=16, softmax=False), 'torch_explicit', None),
     'hfa dropout': ('hfa', dict(A=2, dh=16, dropout_p=0.1), 'torch_kron', None),
     'ha order 3': ('ha', dict(), 'torch_blockwise', 'triton'),
+    'ha order 3 narrow windows': ('ha', dict(T=64, windows=(16, 8)), 'torch_windowed', 'triton'),
+    'ha order 3 narrow windows, blockwise asked': ('ha', dict(T=64, windows=(16, 8), ha_form='blockwise'),
+                                                   'torch_blockwise', 'triton'),
     'ha order 3 no softmax': ('ha', dict(softmax=False), 'torch_prefix', None),
     'ha order 4': ('ha', dict(order=4), 'torch_naive', None),
 }
@@ -76,7 +79,9 @@ def test_dispatch_table(kernel, shape_class, dtype, device):
     long_causal = family == 'linear' and triton_form == 'triton_chunked'
     got = route(kernel, family, DTYPES[dtype], device, softmax=rest.get('softmax', True),
                 dropout=bool(rest.get('dropout_p')), order=rest.get('order', 3), factors=q.size(0) if family == 'hfa'
-                else 1, head_size=q.size(-1), kron=rest.get('kron', 'auto'), long_causal=long_causal)
+                else 1, head_size=q.size(-1), kron=rest.get('kron', 'auto'), long_causal=long_causal,
+                ha_geometry=(q.size(-2), k.size(-2), 0, True, *rest.get('windows', (0, 0))) if family == 'ha' else None,
+                ha_form=rest.get('ha_form', 'auto'))
     assert got == want
     if device == 'cpu':  # dispatch itself, on CPU tensors: the function of that name
         q, k, rest = inputs(family, kw, DTYPES[dtype], 'cpu')

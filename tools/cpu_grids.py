@@ -156,6 +156,8 @@ def _grid(name, only):
         return variants, 1, dict(max_iters=LONG_ITERS[name], lr_decay_iters=LONG_ITERS[name], **LONG_EXTRA)
     if name == 'readout':
         return readout_grid(), 1, dict(max_iters=LONG_ITERS['long12k'], lr_decay_iters=LONG_ITERS['long12k'], **LONG_EXTRA)
+    if name == 'depth':
+        return depth_grid(), 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
     if name == 'wide':
         return wide_grid(), 1, dict(max_iters=LONG_ITERS['long3k'], lr_decay_iters=LONG_ITERS['long3k'], **LONG_EXTRA)
     if name == 'wide_edge':
@@ -191,6 +193,10 @@ def _grid(name, only):
         return tuned, 1, {}
     if name == 'every_width':  # for bench.py --step_times: the key pair at every width of the width study
         return {f'{v}_d{w}': {**tuned[v], **shape} for w, shape in {96: {}, **WIDTHS}.items() for v in LONG_KEY}, 1, {}
+    if name == 'every_width_form':  # and HA on each of its two PyTorch forms (the grids' is blockwise)
+        pairs, _, extra = grid('every_width')
+        return {**pairs, **{f'ha_share_w_windowed_d{w}': {**pairs[f'ha_share_w_d{w}'], 'ha_form': 'windowed'}
+                            for w in (48, 96, 192)}}, 1, extra
     if name in ('main_flops', 'main_time'):
         cost = main_cost(name.split('_')[1])
         variants = {}
@@ -277,6 +283,34 @@ def wide_grid():
     return {p: {**o, 'seeds': LONG12K_SEEDS if p in chosen else 1} for p, o in wide_candidates().items()}
 
 
+# The depth study: the key pair at width 96, 3000 iterations (long3k's length and split) at 2, 4
+# and 6 layers. HA runs on the windowed form (ha/windowed.py), depth 2 included, so that every
+# cell of the study shares one form and depth 2 doubles as a rerun of long3k's pair on it. Each
+# depth's rate is chosen as the width study's were: the better (selection half, seed 0) of the
+# lr_sweep best and half of it; the chosen rates then run seeds 0-4.
+DEPTHS = (2, 4, 6)
+DEPTH_FORM = {'ha_share_w': dict(ha_form='windowed'), 'sa_w16': {}}
+
+
+def depth_candidates():
+    """{preset: overrides}: each key-pair variant at each depth, at two rates."""
+    best = best_lrs(LONG_KEY)
+    return {f'{v}_L{d}_lr{lr_tag(lr)}': {**with_lr(VARIANTS[v], lr), **DEPTH_FORM[v], 'n_layer': d}
+            for d in DEPTHS for v in LONG_KEY for lr in (best[v], best[v] / 2)}
+
+
+def depth_choice():
+    """{(variant, depth): preset} of the rate chosen at each depth; None until all have finished."""
+    return seed0_choice('depth', depth_candidates(), LONG_ITERS['long3k'],
+                        lambda p: (p.split('_L')[0], int(p.split('_L')[1].split('_lr')[0])))
+
+
+def depth_grid():
+    """Seed 0 of both rates at every depth; once chosen, the chosen rates' seeds 0-4."""
+    chosen = (depth_choice() or {}).values()
+    return {p: {**o, 'seeds': LONG12K_SEEDS if p in chosen else 1} for p, o in depth_candidates().items()}
+
+
 def wide_edge_grid():
     """{preset: overrides}: seed 0 at half the chosen rate wherever the width grid chose the lower
     of its two rates, so that a choice at the edge of the two shows (read on the selection half
@@ -359,7 +393,7 @@ def readout_grid():
 
 ORDER = ['lr_sweep', 'main', 'main_ha', 'main_seeds', 'early', 'milton', 'milton_more', 'bpe', 'bpe_more',
          'main_flops', 'main_time', 'long', 'long3k', 'long1k', 'long_more', 'long3k_more', 'long1k_more',
-         'long12k', 'wide', 'readout', 'wide_edge', 'wide_flops']
+         'long12k', 'wide', 'readout', 'wide_edge', 'wide_flops', 'depth']
 
 
 def command(name, jobs, only=None, collect_only=False, slurm=''):
@@ -392,11 +426,18 @@ def link_runs(name, root):
     link.symlink_to(target, target_is_directory=True)
 
 
+# step-time measurements (bench.py --step_times): name -> (the grid it times, where it writes)
+STEP_TIMES = {'step_times': ('every_variant', 'grids/main'), 'wide_step_times': ('every_width', 'grids/wide'),
+              'form_step_times': ('every_width_form', 'grids/ha_form')}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('grid', help=f"one of {', '.join(ORDER)}, step_times (seconds per step of every variant "
                                 "under one load, into grids/main/step_times.json), wide_step_times (the key "
-                                "pair at every width, into grids/wide/step_times.json), a comma list of them "
+                                "pair at every width, into grids/wide/step_times.json), form_step_times (the same "
+                                "with HA on each of its PyTorch forms, into grids/ha_form/step_times.json), a "
+                                "comma list of them "
                                 "(run in that order), or all")
     p.add_argument('--jobs', type=int, default=2, help='runs trained at the same time (one thread each)')
     p.add_argument('--dry_run', action='store_true', help='print the compare.py command only')
@@ -413,19 +454,19 @@ def main():
     for name in names:
         if a.runs_root and not a.dry_run:
             link_runs(name, Path(a.runs_root))
-        if name in ('step_times', 'wide_step_times') or \
-                (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
-            which = 'every_width' if name == 'wide_step_times' else 'every_variant'
+        if name in STEP_TIMES or (name == 'main_time' and not (GRIDS / 'main' / 'step_times.json').exists()):
+            which, out = STEP_TIMES[name if name in STEP_TIMES else 'step_times']
             grid_args = command(which, a.jobs)[2:]  # compare.py's arguments, without the script
-            grid_args[grid_args.index('--out') + 1] = 'grids/wide' if name == 'wide_step_times' else 'grids/main'
+            grid_args[grid_args.index('--out') + 1] = out
             step_cmd = [sys.executable, 'bench.py', '--rounds', '7', '--step_times'] + grid_args
             print('+', ' '.join(step_cmd), flush=True)
             if not a.dry_run and run_step(step_cmd):
                 sys.exit(f"{name} failed; rerun the same command to measure again")
-            if name in ('step_times', 'wide_step_times'):
+            if name in STEP_TIMES:
                 continue
         # the long and wide grids run twice: the rate choice (seed 0 of each rate), then the chosen rates' seeds
         unchosen = (name == 'long' and not long_choice()) or (name == 'wide' and not wide_choice()) or \
+            (name == 'depth' and not depth_choice()) or \
             (name == 'readout' and not seed0_choice('readout', readout_candidates(), LONG_ITERS['long12k'])) or \
             (name == 'wide_edge' and wide_edge_pending())
         for _ in range(2 if unchosen and not a.dry_run else 1):

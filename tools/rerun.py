@@ -213,7 +213,7 @@ def rerun_one(a):
             continue
         was, now = committed[key], rerun[key]
         record[key] = {'committed': was, 'rerun': now, 'diff': now - was}
-        print(f"  {key:12s} committed {was:.6f}  rerun {now:.6f}  difference {now - was:+.6f}"
+        print(f"  {key:12s} committed {was:.6f}  rerun {now:.6f}  difference {now - was:+.2e}"
               + ('  (bit-identical)' if now == was else ''))
     if a.json:
         with open(a.json, 'a') as f:

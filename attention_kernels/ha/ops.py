@@ -2,10 +2,11 @@
 Order-3 HyperAttention as torch.library custom ops (op_common.py), one pair per kernel:
 
     nanohfa::ha3_blockwise_fwd / ha3_blockwise_bwd   the blockwise PyTorch kernel (pytorch.py)
+    nanohfa::ha3_windowed_fwd / ha3_windowed_bwd     the gathered-windows PyTorch kernel (windowed.py)
     nanohfa::ha3_fwd / ha3_bwd                       the Triton kernel (triton.py)
 
-The PyTorch kernel is an op too because its own backward recomputes the logits block by
-block (autograd would keep every block's). The Triton ops run through
+The PyTorch kernels are ops too because their own backwards recompute the logits from the
+logsumexp (autograd would keep every block's, or the whole T x w1 x w2 tensor). The Triton ops run through
 attention_kernels/guard.py, as HFA's and linear attention's: `strict` (kernel='triton')
 raises where kernel='auto' falls back to PyTorch (fallback.py), and `check` (kernel_check)
 compares the first call of each configuration class with the blockwise kernel in float64.
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from attention_kernels import fallback, guard
 from attention_kernels.ha import pytorch as torch_ha
+from attention_kernels.ha import windowed as windowed_ha
 from attention_kernels.op_common import NAMESPACE, flat, keeps_fp32, load_triton, lse_dtype, or_empty
 
 # -----------------------------------------------------------------------------
@@ -39,6 +41,25 @@ def ha3_blockwise_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor,
                       block_q: int = 0, block_k: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return tuple(torch_ha.ha3_backward(q, k1, k2, v1, v2, out, lse, dout.contiguous(), offset, causal, window1,
                                        window2, scale, block_q, block_k))
+
+
+# -----------------------------------------------------------------------------
+# the gathered-windows PyTorch kernel
+
+
+@torch.library.custom_op(f'{NAMESPACE}::ha3_windowed_fwd', mutates_args=())
+def ha3_windowed_fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, offset: int, causal: bool,
+                     window1: int, window2: int, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    out, lse, out32 = windowed_ha.ha3_forward(q, k1, k2, v1, v2, offset, causal, window1, window2, scale)
+    return out, lse, or_empty(out32, q)
+
+
+@torch.library.custom_op(f'{NAMESPACE}::ha3_windowed_bwd', mutates_args=())
+def ha3_windowed_bwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, out: Tensor, lse: Tensor,
+                     dout: Tensor, offset: int, causal: bool, window1: int, window2: int, scale: float
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return tuple(windowed_ha.ha3_backward(q, k1, k2, v1, v2, out, lse, dout.contiguous(), offset, causal, window1,
+                                          window2, scale))
 
 
 # -----------------------------------------------------------------------------
@@ -136,7 +157,7 @@ def _autograd(bwd):
     return backward
 
 
-for _fwd, _bwd in ((ha3_blockwise_fwd, ha3_blockwise_bwd), (ha3_fwd, ha3_bwd)):
+for _fwd, _bwd in ((ha3_blockwise_fwd, ha3_blockwise_bwd), (ha3_windowed_fwd, ha3_windowed_bwd), (ha3_fwd, ha3_bwd)):
     _fwd.register_fake(_fwd_fake)
     _bwd.register_fake(_bwd_fake)
     _fwd.register_autograd(_autograd(_bwd), setup_context=_setup)
@@ -157,6 +178,13 @@ def blockwise_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, win
         window1 = window2 = 0
     out, _, _ = ha3_blockwise_fwd(*_flat(q, k1, k2, v1, v2), offset, causal, window1, window2, dh ** -0.5,
                                   block_q, block_k)
+    return out.view(B, H, Tq, dh)
+
+
+def windowed_attention(q, k1, k2, v1, v2, offset=0, causal=True, window1=0, window2=0):
+    """The same by the gathered-windows kernel: causal, both windows set (windowed.applies)."""
+    B, H, Tq, dh = q.shape
+    out, _, _ = ha3_windowed_fwd(*_flat(q, k1, k2, v1, v2), offset, causal, window1, window2, dh ** -0.5)
     return out.view(B, H, Tq, dh)
 
 
