@@ -163,6 +163,7 @@ try:
     gptconf = GPTConfig(**model_args)
 except ValueError as e:
     raise UserError(str(e))
+checkpoint.check_weights(weights, gptconf, ckpt_path if ckpt is not None else init_from)  # before claim and build
 if block_size > gptconf.block_size:
     raise UserError(f"block_size={block_size} exceeds the model's {gptconf.block_size} "
                     f"({'the checkpoint' if weights is not None else init_from}); lower block_size")

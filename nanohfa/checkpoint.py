@@ -198,6 +198,37 @@ def refuse_architecture_changes(config, set_by, source, source_args):
                             f"its architecture is fixed: drop that setting, or train a new model in another out_dir")
 
 
+def check_weights(weights, cfg, source):
+    """Weights that will not load into the model `cfg` describes, refused in one line before
+    anything is claimed, moved aside or allocated: the layers the weights hold must be the
+    config's n_layer (counted from the names first, so that a config claiming a million layers
+    over a few MB is refused without building them), and every tensor's name and shape that of
+    the model, read from a model built on the meta device (no memory). weights: a checkpoint
+    dict, a built GPT (GPT-2's, already checked) or None (from scratch)."""
+    if not isinstance(weights, dict):
+        return
+    state = weights['model']
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise UserError(f"{source} holds no state dict of tensors under 'model'; give a checkpoint train.py wrote")
+    layers = {k.split('.')[2] for k in state if k.startswith('transformer.h.') and k.count('.') >= 3}
+    if layers != {str(i) for i in range(cfg.n_layer)}:
+        raise UserError(f"{source} holds weights for {len(layers)} layer{'s' * (len(layers) != 1)} but its model "
+                        f"arguments say n_layer={cfg.n_layer}; the file is damaged or not one model's")
+    with torch.device('meta'):
+        want = {k: tuple(t.shape) for k, t in GPT(cfg).state_dict().items()}
+    for k in sorted(want.keys() | state.keys()):
+        got = tuple(state[k].shape) if k in state else None
+        if got != want.get(k):
+            what = (f"has no {k}" if got is None else f"holds {k}, which the model has not" if k not in want
+                    else f"holds {k} of shape {got} where its model arguments give {want[k]}")
+            raise UserError(f"{source} {what}; the file is damaged or not one model's: give the checkpoint that "
+                            f"train.py wrote for this model")
+    for key in ('iter_num',) if 'rng' in weights else ():
+        if not isinstance(weights.get(key), int) or weights[key] < 0:
+            raise UserError(f"{source} records {key}={weights.get(key)!r}, not a count of iterations; the file is "
+                            f"damaged: restore it from a backup")
+
+
 def starting_weights(kind, config, set_by, ckpt, ckpt_path, meta, data_path):
     """(weights, model_args) of a run that starts as `kind` (init_kind's): the checkpoint it
     resumes (ckpt), another run's checkpoint (ours or nanoGPT's), GPT-2's weights (a GPT) or

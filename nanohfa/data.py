@@ -363,14 +363,31 @@ def read_meta_file(path):
             raise UserError(f"{path} cannot be read ({getattr(e, 'msg', e)}); re-run the prepare script")
         if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int):
             raise UserError(f"{path} holds no vocab_size; re-run the prepare script")
-        return meta
+        return _plausible(meta, path)
     try:
         meta = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
     except Exception as e:
         raise UserError(f"{path} is not a plain metadata pickle ({e}); re-run the prepare script")
-    if not isinstance(meta, dict) or 'vocab_size' not in meta:
+    if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int):
         raise UserError(f"{path} holds no vocab_size; re-run the prepare script")
-    return {'tokenizer': 'char' if 'itos' in meta else 'gpt2', **meta}
+    return _plausible({'tokenizer': 'char' if 'itos' in meta else 'gpt2', **meta}, path)
+
+
+MAX_VOCAB = 1 << 24  # 16.8M: far beyond any tokenizer in use; a larger size is a damaged file, not a vocabulary
+
+
+def _plausible(meta, path):
+    """A vocabulary a model can be built for and text decoded with: a size in [1, MAX_VOCAB]
+    (else the first allocation, not this file, would fail), and a character list as long."""
+    n = meta['vocab_size']
+    if not 1 <= n <= MAX_VOCAB:
+        raise UserError(f"{path} says vocab_size={n}, which no tokenizer has (1 to {MAX_VOCAB:,}); re-run the "
+                        f"prepare script")
+    itos = meta.get('itos')
+    if itos is not None and (not isinstance(itos, (list, dict)) or len(itos) != n):
+        size = len(itos) if isinstance(itos, (list, dict)) else type(itos).__name__
+        raise UserError(f"{path} lists {size} characters for vocab_size={n}; re-run the prepare script")
+    return meta
 
 
 def tok_itos(meta):

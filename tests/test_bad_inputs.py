@@ -68,6 +68,16 @@ def setup_workspace(w):
     nano = torch.load(NANOGPT_CKPT, weights_only=True)
     nano['config']['dataset'] = str(w / 'data20')                     # its dataset here has another vocabulary
     torch.save(nano, w / 'nano_ckpt.pt')
+    ckpt = torch.load(w / 'out' / 'ckpt.pt', weights_only=True)
+    ckpt['model']['transformer.wte.weight'] = ckpt['model']['transformer.wte.weight'][:, :31].clone()
+    torch.save(ckpt, w / 'badshape.pt')                                # one tensor of the wrong shape
+    ckpt = torch.load(w / 'out' / 'ckpt.pt', weights_only=True)
+    ckpt['model_args']['n_layer'] = 10 ** 6
+    torch.save(ckpt, w / 'million_layers.pt')                         # a million layers claimed over one
+    make_data(w / 'data_shortitos')
+    (w / 'data_shortitos' / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 16, 'itos': ITOS[:15]}))
+    make_data(w / 'data_hugevocab')
+    (w / 'data_hugevocab' / 'meta.json').write_text(json.dumps({'tokenizer': 'tiktoken', 'vocab_size': 10 ** 9}))
     (w / 'cmp.py').write_text("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\n"
                               "gradient_accumulation_steps = 1\nmax_iters = 2\ndevice = 'cpu'\n")
 
@@ -212,6 +222,17 @@ ROWS.update({
                                "config file {w}/annotated.py line 1: 'n_layer: 2' assigns nothing (a type annotation); "
                                "write n_layer = 2"),
     # FSDP: a choice among two, and only under torchrun
+    # checked before the out_dir is claimed (an existing run is not moved aside), the model built or the data read
+    'init_from_wrong_shape_overwrite': ('train.py', ['--init_from={w}/badshape.pt', '--overwrite=True'],
+                                        "{w}/badshape.pt holds transformer.wte.weight of shape (16, 31) where its "
+                                        "model arguments give (16, 32); the file is damaged or not one model's"),
+    'init_from_million_layers': ('train.py', ['--init_from={w}/million_layers.pt', '--n_layer=1000000', *FRESH],
+                                 "{w}/million_layers.pt holds weights for 1 layer but its model arguments say "
+                                 "n_layer=1000000"),
+    'meta_itos_shorter_than_vocab': ('train.py', ['--data_dir={w}/data_shortitos', *FRESH],
+                                     "{w}/data_shortitos/meta.json lists 15 characters for vocab_size=16"),
+    'meta_vocab_implausible': ('train.py', ['--data_dir={w}/data_hugevocab', *FRESH],
+                               "{w}/data_hugevocab/meta.json says vocab_size=1000000000, which no tokenizer has"),
     'parallel_unknown': ('train.py', ['--parallel=zero3', *FRESH], "parallel='zero3' is not a choice; valid: ddp, fsdp"),
     'fsdp_without_torchrun': ('train.py', ['--parallel=fsdp', *FRESH],
                               "parallel='fsdp' shards the model over processes started by torchrun"),
