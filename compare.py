@@ -238,6 +238,8 @@ def collect_run(run_dir, max_iters):
         # one point per evaluation: (tokens, val loss, iteration, train loss)
         'curve': [(r['tokens'], r['val_loss'], r['iter'], r['train_loss']) for r in log],
         'tokens_per_iter': final['tokens'] // final['iter'] if final['iter'] else None,
+        # the form that computed each attention family, and the preflight's verdict where there was one
+        'kernels': {f: {x: k[x] for x in ('form', 'path') if x in k} for f, k in (info.get('kernels') or {}).items()},
     }
 
 
@@ -281,7 +283,8 @@ def summarize(args, variants, seeds, outcomes):
         row['failed'] = [{'seed': r['seed'], 'status': r['status'], 'iter': r.get('iter'),
                           'stderr_tail': r['stderr_tail']} for r in runs_by_variant[v['variant']] if r['failed']]
         row['runs'] = [{k: r.get(k) for k in ('seed', 'val_loss', 'val_ppl', 'best_val_loss', 'tokens', 'wall_s',
-                                                 'tokens_per_s', 'status') + ('report_loss',) * ('report_loss_mean' in row)}
+                                                 'tokens_per_s', 'status', 'kernels')
+                        + ('report_loss',) * ('report_loss_mean' in row)}
                        for r in done]
         row['curves'] = {r['seed']: r['curve'] for r in done}
         rows.append(row)

@@ -8,7 +8,10 @@ variant, the checkpoint as it is (lm_eval_model.py: how each request is scored).
     python eval.py --init_from=gpt2 --tasks=wikitext      # GPT-2's weights (Hub cache, or a save_pretrained folder)
     torchrun --standalone --nproc_per_node=8 eval.py --out_dir=out-x --tasks=hellaswag   # the documents split by rank
 
-Writes lm-eval's results JSON beside the checkpoint (OUT_DIR/lm_eval_results.json), or where
+Writes lm-eval's results JSON beside the checkpoint (OUT_DIR/lm_eval_results.json; for a
+folder, FOLDER.lm_eval_results.json beside it, never into it), merged task by task with what an
+earlier evaluation of the same weights saved there (other weights' results are kept and the
+new ones dated, lm_eval_results_<date>.json), or where
 --output_path says, as lm-eval's own CLI: a folder (FOLDER/<model>/results_<date>.json) or a
 path ending in .json (<name>_<date>.json); and prints its table. Under torchrun every process
 scores its share of the documents and the first writes the results. Offline (no Hugging Face
@@ -83,7 +86,7 @@ def main(argv=None):
     if args.output_path:
         out = lm_eval_tasks.save(results, args.output_path, str(ckpt))
     else:
-        out = (ckpt if ckpt.is_dir() else ckpt.parent) / lm_eval_tasks.RESULTS  # a run, or a GPT-2 folder
+        out, results = lm_eval_tasks.default_results(results, ckpt)  # merged by task, never into an export folder
         lm_eval_tasks.write_results(results, out)
     print(make_table(results))
     if 'groups' in results:

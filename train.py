@@ -261,6 +261,7 @@ elapsed_before, train_time, untimed_iters, skipped_steps, evaluated_at_start = c
 elapsed = lambda: elapsed_before + time.time() - T_START
 start_iter = iter_num
 saved_iter = iter_num if ckpt else None  # the iteration of the last checkpoint this run wrote or resumed
+grad_norm = None  # the last step's gradient norm before clipping (read_step), for the logs
 if master and not eval_only:  # evaluating only: the run's files in out_dir stay as they are
     run_folder.start_logs(out, {'config': config, 'model_args': asdict(gptconf), 'params': n_params,
                                 'flops_per_token': flops_per_token, 'world_size': world_size, 'peak_flops': mfu.peak,
@@ -354,16 +355,17 @@ def get_lr(it):
 def read_step(step):
     """Read a step's [loss, non-finite, stop] (waiting for the device if needed), write its
     train_log.jsonl line and act on its flags. Returns (loss, whether any process stops)."""
-    loss, bad, stop = step['stats']()
-    loss /= world_size
+    global grad_norm
+    loss, bad, stop, norm = step['stats']()
+    loss, grad_norm = loss / world_size, norm / world_size if math.isfinite(norm) else None  # before clipping
     if bad and not skip_nonfinite and dtype != 'float16':  # float16: the grad scaler skips such steps
         kept = (f"the last good checkpoint {ckpt_path} (iteration {saved_iter}) is untouched"
                 if saved_iter is not None else "no checkpoint of this run had been saved yet")
         raise UserError(f"non-finite loss or gradient at iteration {step['iter']} (loss {loss}); {kept}; "
                         f"lower learning_rate, or set skip_nonfinite=True to skip such steps")
     if master:
-        run_folder.append_jsonl(out / 'train_log.jsonl', {'iter': step['iter'], 'loss': loss, 'lr': step['lr'],
-                                                          'dt_s': round(step['dt'], 4)}, saved_iter)
+        rec = {'iter': step['iter'], 'loss': loss, 'lr': step['lr'], 'grad_norm': grad_norm}
+        run_folder.append_jsonl(out / 'train_log.jsonl', {**rec, 'dt_s': round(step['dt'], 4)}, saved_iter)
     return loss, stop > 0
 
 
@@ -443,7 +445,7 @@ while True:
                 if not eval_only:
                     run_folder.append_jsonl(out / 'log.jsonl', last, saved_iter)
                 if wandb:
-                    wandb.log(run_folder.wandb_record(last))
+                    wandb.log(run_folder.wandb_record({**last, 'grad_norm': grad_norm}))
             if losses['val'] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses['val'])
                 if iter_num > start_iter:
@@ -482,8 +484,8 @@ while True:
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float('inf'))
     if isinstance(norm, DTensor):  # FSDP: the norm over every shard, the same on every process
         norm = norm.full_tensor()
-    stats = torch.zeros(3, dtype=acc_dtype, device=device)
-    stats[0] = loss_sum
+    stats = torch.zeros(4, dtype=acc_dtype, device=device)
+    stats[0], stats[3] = loss_sum, norm  # the norm is the same on every process: averaged back in read_step
     stats[1] = ~(torch.isfinite(loss_sum) & torch.isfinite(norm))
     stats[2] = float(stop_signal is not None)
     if ddp:  # the loss summed over all processes, and one decision for all of them

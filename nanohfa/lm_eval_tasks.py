@@ -22,6 +22,7 @@ import math
 import os
 import re
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -141,6 +142,39 @@ def write_results(results, path):
     tmp = path.with_name(f'{path.name}.{os.getpid()}.tmp')
     tmp.write_text(json.dumps(results, indent=1, default=handle_non_serializable))
     os.replace(tmp, path)
+
+
+def checkpoint_state(ckpt):
+    """What identifies the weights results were computed on: a checkpoint file's size and
+    mtime, or those of every file of a folder (a Hugging Face export or GPT-2 folder)."""
+    ckpt = Path(ckpt)
+    files = sorted(f for f in ckpt.iterdir() if f.is_file()) if ckpt.is_dir() else [ckpt]
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def default_results(results, ckpt):
+    """eval.py without --output_path: (the file to write, what to write). A run's results go
+    beside its ckpt.pt; a folder's (an export, GPT-2) beside the folder, never into it (the
+    Hub upload and export_hf --overwrite take the folder whole). A second evaluation of the
+    same weights merges into the saved file, task by task (a task given again is replaced);
+    saved results of other weights are kept: the new ones go to a dated file beside them."""
+    ckpt = Path(ckpt)
+    path = ckpt.parent / (f"{ckpt.name}.{RESULTS}" if ckpt.is_dir() else RESULTS)
+    state = checkpoint_state(ckpt)
+    results = {**results, 'nanohfa': {**results['nanohfa'], 'checkpoint_state': state}}
+    try:
+        saved = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        saved = {}  # unreadable: kept as it is, the new results written beside it
+    if saved is None:
+        return path, results
+    record = saved.get('nanohfa') if isinstance(saved, dict) and isinstance(saved.get('nanohfa'), dict) else {}
+    if record.get('checkpoint_state') == state and isinstance(saved.get('results'), dict):
+        merged = merge(saved, results)
+        tasks = list(record.get('tasks') or []) + [t for t in results['nanohfa']['tasks'] if t not in (record.get('tasks') or [])]
+        merged['nanohfa'] = {**results['nanohfa'], 'tasks': tasks}
+        return path, merged
+    return path.with_name(f"{path.stem}_{time.strftime('%Y%m%dT%H%M%S')}.json"), results
 
 
 def save(results, output_path, model_name):

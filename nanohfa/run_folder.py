@@ -234,9 +234,10 @@ def start_logs(out, run, resumed_at=None, evaluated=False):
 
 def wandb_record(rec):
     """An evaluation under nanoGPT's wandb keys (iter, train/loss, val/loss, lr, mfu in percent),
-    with val/ppl, tokens and tokens_per_s beside them."""
+    with val/ppl, tokens, tokens_per_s and train/grad_norm (the last step's, before clipping)
+    beside them."""
     keys = {'iter': 'iter', 'train_loss': 'train/loss', 'val_loss': 'val/loss', 'val_ppl': 'val/ppl',
-            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s'}
+            'lr': 'lr', 'tokens': 'tokens', 'tokens_per_s': 'tokens_per_s', 'grad_norm': 'train/grad_norm'}
     logged = {name: rec[k] for k, name in keys.items() if rec.get(k) is not None}
     if rec.get('mfu') is not None:
         logged['mfu'] = 100 * rec['mfu']

@@ -85,6 +85,9 @@ def test_grid_rows(trained):
             assert [l['iter'] for l in log] == [0, 2, 4]
         run = json.loads((out / 'runs' / r['variant'] / 'seed0' / 'run.json').read_text())
         assert r['params'] == run['params'] and r['flops_per_token'] == run['flops_per_token']
+    # each run names the form that computed each of its attention families (run.json's record)
+    assert [x['kernels'] for x in sa['runs']] == [{'sa': {'form': 'sdpa'}}] * 2
+    assert [x['kernels'] for x in hybrid['runs']] == [{'sa': {'form': 'sdpa'}, 'hfa': {'form': 'torch_kron'}}] * 2
     assert hybrid['params'] > sa['params']  # the 2 HFA heads have a second query/key pair
     assert hybrid['overrides'] == {'attention': 'hfa_v1', 'n_hfa_head': 2}
     assert math.isnan(sa['p_vs_sa']) and 0 <= hybrid['p_vs_sa'] <= 1

@@ -457,3 +457,39 @@ def test_compare_adds_task_metrics_with_paired_differences(tmp_path, capsys):
     assert compare.main(argv + ['--collect_only']) == 0
     again = capsys.readouterr().out
     assert 'lm-eval: ' not in again and table.splitlines()[-1] in again
+
+
+def fake_results(tasks, ckpt):
+    return {'results': {t: {'acc,none': 0.5} for t in tasks}, 'configs': {t: {} for t in tasks},
+            'nanohfa': {'checkpoint': str(ckpt), 'tasks': list(tasks)}}
+
+
+def test_a_second_evaluation_of_the_same_weights_merges_by_task(tmp_path):
+    run = save_run(tiny('sa'), tmp_path / 'run')
+    path, first = lm_eval_tasks.default_results(fake_results([MC, TEXT], run / 'ckpt.pt'), run / 'ckpt.pt')
+    assert path == run / lm_eval_tasks.RESULTS
+    lm_eval_tasks.write_results(first, path)
+    again = fake_results([TEXT, GEN], run / 'ckpt.pt')
+    again['results'][TEXT]['acc,none'] = 0.75
+    path2, merged = lm_eval_tasks.default_results(again, run / 'ckpt.pt')
+    assert path2 == path and set(merged['results']) == {MC, TEXT, GEN}
+    assert merged['results'][TEXT]['acc,none'] == 0.75 and merged['nanohfa']['tasks'] == [MC, TEXT, GEN]
+
+
+def test_results_of_other_weights_are_kept_and_the_new_ones_dated(tmp_path):
+    run = save_run(tiny('sa'), tmp_path / 'run')
+    path, first = lm_eval_tasks.default_results(fake_results([MC], run / 'ckpt.pt'), run / 'ckpt.pt')
+    lm_eval_tasks.write_results(first, path)
+    kept = path.read_bytes()
+    save_run(tiny('sa', seed=1), run)  # retrained: other weights under the same name
+    path2, new = lm_eval_tasks.default_results(fake_results([TEXT], run / 'ckpt.pt'), run / 'ckpt.pt')
+    assert path2 != path and path2.parent == run and path2.name.startswith('lm_eval_results_')
+    assert set(new['results']) == {TEXT} and path.read_bytes() == kept
+
+
+def test_a_folders_results_go_beside_it_not_into_it(tmp_path):
+    folder = tmp_path / 'export'
+    folder.mkdir()
+    (folder / 'config.json').write_text('{}')
+    path, _ = lm_eval_tasks.default_results(fake_results([MC], folder), folder)
+    assert path == tmp_path / f'export.{lm_eval_tasks.RESULTS}'

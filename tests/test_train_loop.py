@@ -110,6 +110,15 @@ def test_log_jsonl_and_run_json_carry_mfu(run):
 
 
 @pytest.mark.slow
+def test_train_log_carries_the_gradient_norm_before_clipping(run):
+    """Every step's global gradient norm, as clip_grad_norm_ returns it (before clipping), one
+    per train_log.jsonl line, a measured number that changes as the model trains."""
+    out, _ = run
+    norms = [r['grad_norm'] for r in jsonl(out / 'train_log.jsonl')]
+    assert len(norms) == 10 and all(isinstance(n, float) and n > 0 for n in norms) and len(set(norms)) == 10
+
+
+@pytest.mark.slow
 def test_first_step_is_timed_apart(run):
     """tokens/s counts the timed steps only: every step but the session's first."""
     out, stdout = run
