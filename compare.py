@@ -343,6 +343,11 @@ def markdown_table(args, rows, variants, seeds):
                       "interval of one degree of freedom (±12.7 standard errors) and a p-value that rests on two numbers; such a row can "
                       "show that runs finished and roughly where they ended, not that two variants differ. "
                       "Run more seeds before reading a difference."]
+    fell_back = [f"{r['variant']} seed {run['seed']} ({', '.join(f for f, k in run['kernels'].items() if k.get('path') == 'pytorch')})"
+                 for r in rows for run in r['runs'] if any(k.get('path') == 'pytorch' for k in (run.get('kernels') or {}).values())]
+    if fell_back:
+        lines += ['', f"Runs whose Triton kernel failed its preflight and ran on PyTorch ({len(fell_back)}): "
+                      f"{'; '.join(fell_back)}. Their speeds and budgets are not the kernels'; their losses stand."]
     failed = [(r['variant'], f) for r in rows for f in r['failed']]
     if failed:
         lines += ['', f'FAILED or unfinished runs ({len(failed)}), left out of the statistics:']

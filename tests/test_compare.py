@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -261,6 +262,24 @@ def test_collecting_marks_finished_runs_collected_not_unrun(trained, tiny):
     assert compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(out), '--collect_only')) == 0
     rows = json.loads((out / 'results.json').read_text())
     assert {r['status'] for row in rows for r in row['runs']} == {'collected'}
+
+
+@pytest.mark.slow
+def test_a_run_that_fell_back_to_pytorch_is_named_in_the_summary(trained, tiny):
+    """A run whose Triton kernel failed its preflight (run.json's kernels path 'pytorch') is
+    listed under the table: its speed is not the kernel's."""
+    out, _ = trained
+    copy = tiny / 'fell_back'
+    shutil.copytree(out, copy)
+    info_path = copy / 'runs' / 'hybrid' / 'seed1' / 'run.json'
+    info = json.loads(info_path.read_text())
+    info['kernels']['hfa'] = {'form': 'torch_kron', 'path': 'pytorch', 'why': 'a crash in the preflight'}
+    info_path.write_text(json.dumps(info))
+    assert compare.main(argv(tiny, '--variants', 'sa,hybrid', '--seeds', '2', '--out', str(copy), '--collect_only')) == 0
+    assert ("Runs whose Triton kernel failed its preflight and ran on PyTorch (1): hybrid seed 1 (hfa)."
+            in (copy / 'results.md').read_text())
+    rows = {r['variant']: r for r in json.loads((copy / 'results.json').read_text())}
+    assert rows['hybrid']['runs'][1]['kernels']['hfa'] == {'form': 'torch_kron', 'path': 'pytorch'}
 
 
 @pytest.mark.slow
