@@ -14,11 +14,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_kernels import inputs, low_precision_errors, reference, sdpa_errors, value_and_grads
 
 import attention_kernels
 from attention_kernels.ha import ops, windowed
 from model import GPT, GPTConfig
-from test_kernels import inputs, low_precision_errors, reference, sdpa_errors, value_and_grads
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 NAMES = ['out', 'dq', 'dk1', 'dk2', 'dv1', 'dv2']
@@ -147,7 +147,8 @@ def test_run_json_records_the_form_each_run_trained_with(tmp_path):
     rng = np.random.default_rng(0)
     rng.integers(0, 16, 3000).astype(np.uint16).tofile(data / 'train.bin')
     rng.integers(0, 16, 600).astype(np.uint16).tofile(data / 'val.bin')
-    (data / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'vocab_size': 16, 'itos': list('abcdefghijklmnop')}))
+    meta = {'tokenizer': 'char', 'vocab_size': 16, 'itos': list('abcdefghijklmnop')}
+    (data / 'meta.json').write_text(json.dumps(meta))
     ha = ['--attention=ha', '--ha_share_kv=True', '--ha_window1=4', '--ha_window2=2', '--max_iters=2',
           '--eval_interval=2', '--log_interval=1']
     procs = {form: start(data, tmp_path / form, *ha, f'--ha_form={form}') for form in ('auto', 'blockwise')}

@@ -23,7 +23,7 @@ back; a query that sees no key pair gets 0 and zero gradients, its logsumexp -in
 
 import torch
 
-from attention_kernels.ha.pytorch import EXP_FLOOR, compute_dtype, default_blocks, _spans
+from attention_kernels.ha.pytorch import EXP_FLOOR, _spans, compute_dtype, default_blocks
 
 # logits per query chunk, by device: on the CPU a chunk whose tensors stay in cache (1 MiB of
 # float32 logits: measured fastest, 256K against 16K to 16M, docs/performance.md); on a GPU
