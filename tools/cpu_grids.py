@@ -15,7 +15,8 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   its closest cheap rivals; tools/grid_report.py pools them into one table.
 - step_times: seconds per training step of every variant, measured in one process under one
   load (bench.py --step_times), for comparisons at equal time; wide_step_times: the same for
-  the key pair at widths 48, 96 and 192 (grids/wide/step_times.json).
+  the key pair at widths 48, 96 and 192 (grids/wide/step_times.json); form_step_times: the
+  same with HA on each of its two PyTorch forms (grids/ha_form/step_times.json).
 - main_flops / main_time: each variant trained for as many iterations as give SA's training
   FLOPs / SA's training seconds in main (1000 iterations), with its own cosine schedule;
   seconds per step come from bench.py --step_times (grids/main/step_times.json), measured
@@ -32,6 +33,9 @@ batch 32) through compare.py into grids/<grid>/ (runs/ stays out of git; results
   where half did better, seeds 0-4 at it and seed 0 at half of it again.
 - wide_flops: windowed SA at each width for the iterations that cost shared HA's 3,000 in
   FLOPs, for the width study's equal-FLOPs reading (after wide).
+- depth: the key pair at width 96, 3,000 iterations, at 2, 4 and 6 layers, HA on the gathered
+  form (ha_form='windowed') at every depth; each depth's rate chosen on seed 0 as the width
+  study's were, then seeds 0-4 (the grid runs twice, as wide does).
 - readout: SA, linear and HFA at long12k's length, 5 seeds, for the read-out across seeds
   (interactions.py --out_dir='<runs>/seed*'; windowed SA and shared HA are long12k's runs).
 `python tools/grid_report.py` turns the results into RESULTS.md's tables and figures.
