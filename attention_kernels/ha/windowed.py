@@ -1,12 +1,14 @@
 """
-Order-3 softmax HyperAttention with both key slots windowed ([IA] Def 6.1, App. F), by
-gathering each query's windows:
+Order-3 softmax HyperAttention with both key slots windowed ([IA] Def 6.1, App. F), on
+each query's two windows:
 
     K1g[i, t] = K1[p_i - w1 + 1 + t]   (t < w1),   K2g[i, u] = K2[p_i - w2 + 1 + u]   (u < w2)
-    logit[i, t, u] = ((q_i * K1g[i, t]) @ K2g[i]^T)[u] / sqrt(dh)          one batched matmul
-    out[i]         = sum_t V1g[i, t] * (softmax(logit[i]) [t, :] @ V2g[i])   one batched matmul
+    logit[i, t, u] = (K1g[i] @ (q_i * K2g[i])^T)[t, u] / sqrt(dh)            one batched matmul
+    out[i]         = sum_u V2g[i, u] * (softmax(logit[i])^T @ V1g[i])[u]       one batched matmul
 
-with p_i = offset + i; a gathered key outside [0, Tk) is hidden. Only the w1 x w2 pairs a
+with p_i = offset + i (written for w2 <= w1: q multiplies the narrower window, the roles swap
+otherwise); a window entry outside [0, Tk) is hidden. The windows are strided views of the
+zero-padded keys and values, not copies. Only the w1 x w2 pairs a
 query may see are computed: O(T w1 w2 dh) in a fixed number of ops, where the blockwise form
 (pytorch.py) issues a dozen ops per block of queries and keys. The backward (`ha3_backward`)
 recomputes the logits from the saved logsumexp, as the blockwise one does, and scatters the
