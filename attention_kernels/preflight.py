@@ -126,13 +126,21 @@ def cases(heads, kernel, dtype, T, device):
         case = dict(family=family, dtype=dtype, T=T, dh=h['head_size'], heads=min(2, h['heads']), causal=h['causal'],
                     device=device, window=window, A=h['factors'], norm=h['norm'], order=h['order'],
                     windows=list(h['windows']) if h['causal'] else [0, 0], shared=h['shared'])
-        long_causal = family == 'linear' and h['causal'] and not window and T >= attention_kernels.CHUNKED_MIN_T
-        form = attention_kernels.route(kind, family, getattr(torch, dtype), dev_type, softmax=h['softmax'],
-                                       order=h['order'], factors=h['factors'], head_size=h['head_size'],
-                                       long_causal=long_causal)
+        form = form_of(h, kind, dtype, dev_type, T)
         if form.startswith('triton'):
             out[family] = dict(case, form=form, config=config_class(case, form))
     return out
+
+
+def form_of(h, kernel, dtype, dev_type, T):
+    """dispatch's name of the form that computes the group of heads `h` (a kernel_heads dict)
+    in a (T, T) causal training call, for inputs of `dtype` (a name) on `dev_type`."""
+    window = h['window'] if h['causal'] else 0
+    long_causal = h['family'] == 'linear' and h['causal'] and not window and T >= attention_kernels.CHUNKED_MIN_T
+    return attention_kernels.route(kernel, h['family'], getattr(torch, dtype), dev_type, softmax=h['softmax'],
+                                   order=h['order'], factors=h['factors'], head_size=h['head_size'],
+                                   long_causal=long_causal, ha_geometry=(T, T, 0, h['causal'], *h['windows']),
+                                   ha_form=h.get('form', 'auto'))
 
 
 def config_class(case, form):
@@ -590,13 +598,7 @@ def record(paths, heads, kernel, device, dtype, T):
         f = h['family']
         if f in out:
             continue
-        window = h['window'] if h['causal'] else 0
-        form = attention_kernels.route(kernel, f, getattr(torch, dtype), torch.device(device).type,
-                                       softmax=h['softmax'], order=h['order'], factors=h['factors'],
-                                       head_size=h['head_size'], long_causal=f == 'linear' and h['causal']
-                                       and not window and T >= attention_kernels.CHUNKED_MIN_T,
-                                       ha_geometry=(T, T, 0, h['causal'], *h['windows']), ha_form=h.get('form', 'auto'))
-        out[f] = {'form': form, **paths.get(f, {})}
+        out[f] = {'form': form_of(h, kernel, dtype, torch.device(device).type, T), **paths.get(f, {})}
     return out
 
 
